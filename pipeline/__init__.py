@@ -1,0 +1,1 @@
+"""voxpipe's engine: typed events, sessions, ASR/LLM/TTS engines, batching and resilience."""

@@ -1,0 +1,160 @@
+"""Typed configuration: one :class:`VoxpipeConfig` composed of per-stage configs.
+
+Every field has a documented default; :meth:`VoxpipeConfig.validate` cross-checks them
+and raises ``ValueError`` with a clear message.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True, kw_only=True)
+class TurnConfig:
+    """VAD turn detection (endpointing).
+
+    Attributes:
+        threshold: Silero speech probability that starts speech (0.5, Silero's default).
+        neg_threshold: probability under which a window counts as silence (threshold − 0.15,
+            as in faster-whisper's VadOptions).
+        min_speech_ms: speech shorter than this is dropped as a click or cough (250 ms).
+        end_silence_ms: silence that ends a turn (500 ms).
+        pad_ms: audio kept before speech start and after speech end (200 ms).
+        max_turn_s: a turn is cut at this length (30 s, Whisper's window).
+        merge_window_ms: speech that resumes within this long after a turn ended
+            continues that turn: its reply is cancelled and the whole utterance is
+            transcribed again (2000 ms), so a pause mid-thought gets one reply.
+    """
+
+    threshold: float = 0.5
+    neg_threshold: float = 0.35
+    min_speech_ms: int = 250
+    end_silence_ms: int = 500
+    pad_ms: int = 200
+    max_turn_s: float = 30.0
+    merge_window_ms: int = 2000
+
+
+@dataclass(slots=True, kw_only=True)
+class AsrConfig:
+    """Whisper ASR.
+
+    Attributes:
+        model: ``tiny.en`` (package default) or a local CTranslate2 Whisper folder.
+        device: ``cpu`` or ``cuda``; ``auto`` picks CUDA when CTranslate2 sees one.
+        compute_type: CTranslate2 compute type (``int8`` on CPU, ``float16`` on CUDA).
+        threads: CPU threads for CTranslate2 (1: DESIGN.md §3 thread budget).
+        beam_size: decoding beam (1 = greedy, fastest).
+        no_speech_threshold: segments above this no-speech probability with a low
+            log-probability are dropped (Whisper's 0.6).
+        log_prob_threshold: average log-probability under which a segment is suspect (−1.0).
+        compression_ratio_threshold: gzip ratio above which a segment is a repetition loop (2.4).
+        queue_size: bounded request queue; a full queue answers ``busy``.
+    """
+
+    model: str = "tiny.en"
+    device: str = "auto"
+    compute_type: str = "auto"
+    threads: int = 1
+    beam_size: int = 1
+    no_speech_threshold: float = 0.6
+    log_prob_threshold: float = -1.0
+    compression_ratio_threshold: float = 2.4
+    queue_size: int = 64
+
+
+@dataclass(slots=True, kw_only=True)
+class LlmConfig:
+    """Chat LLM.
+
+    Attributes:
+        model: ``qwen`` (default), ``smollm2`` or a local transformers folder.
+        device: ``auto`` | ``cpu`` | ``cpu-fp32`` | ``cuda``.
+        threads: torch intra-op threads on CPU (1).
+        max_new_tokens: tokens per reply (96: a couple of spoken sentences).
+        max_context_tokens: history budget counted with the model's tokenizer (1024).
+        system_prompt: default system prompt; a session may replace it.
+        queue_size: bounded request queue; a full queue answers ``busy``.
+    """
+
+    model: str = "qwen"
+    device: str = "auto"
+    threads: int = 1
+    max_new_tokens: int = 96
+    max_context_tokens: int = 1024
+    system_prompt: str = (
+        "You are a helpful voice assistant talking with a person. "
+        "Reply to what they say in one or two short spoken sentences."
+    )
+    queue_size: int = 64
+
+
+@dataclass(slots=True, kw_only=True)
+class TtsConfig:
+    """Piper TTS.
+
+    Attributes:
+        voice: path to a Piper ``.onnx`` voice, or ``joe`` (package default).
+        threads: onnxruntime intra-op threads (1).
+        workers: synthesizer threads sharing the voice (1).
+        queue_size: bounded job queue.
+    """
+
+    voice: str = "joe"
+    threads: int = 1
+    workers: int = 1
+    queue_size: int = 64
+
+
+@dataclass(slots=True, kw_only=True)
+class ServerConfig:
+    """WebSocket server.
+
+    Attributes:
+        host, port: listen address (127.0.0.1:8765).
+        max_message_bytes: largest WebSocket message accepted (4 MiB ≈ 65 s of 16 kHz
+            f32 mono); a larger one closes the connection with code 1009.
+        send_queue: outbound events buffered per session before the slowest data is
+            dropped (256).
+        slow_client_timeout_s: a client that does not read for this long is closed (10 s).
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 8765
+    max_message_bytes: int = 4 * 1024 * 1024
+    send_queue: int = 256
+    slow_client_timeout_s: float = 10.0
+
+
+@dataclass(slots=True, kw_only=True)
+class VoxpipeConfig:
+    """The whole configuration."""
+
+    turn: TurnConfig = field(default_factory=TurnConfig)
+    asr: AsrConfig = field(default_factory=AsrConfig)
+    llm: LlmConfig = field(default_factory=LlmConfig)
+    tts: TtsConfig = field(default_factory=TtsConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
+
+    def validate(self) -> "VoxpipeConfig":
+        """Cross-check fields; returns self.
+
+        Raises:
+            ValueError: a field is out of range.
+        """
+        t = self.turn
+        if not 0.0 < t.neg_threshold < t.threshold < 1.0:
+            raise ValueError("turn: need 0 < neg_threshold < threshold < 1")
+        if t.end_silence_ms < 100 or t.min_speech_ms < 0 or t.pad_ms < 0:
+            raise ValueError("turn: end_silence_ms >= 100, min_speech_ms >= 0, pad_ms >= 0")
+        if not 1.0 <= t.max_turn_s <= 30.0:
+            raise ValueError("turn: max_turn_s must be within 1..30 s (Whisper's window)")
+        for name, n in (("asr.threads", self.asr.threads), ("llm.threads", self.llm.threads),
+                        ("tts.threads", self.tts.threads), ("tts.workers", self.tts.workers)):
+            if n < 1:
+                raise ValueError(f"{name} must be >= 1")
+        if self.llm.max_new_tokens < 1 or self.llm.max_context_tokens < 64:
+            raise ValueError("llm: max_new_tokens >= 1 and max_context_tokens >= 64")
+        if self.server.max_message_bytes < 4096:
+            raise ValueError("server.max_message_bytes must be >= 4096")
+        return self

@@ -1,0 +1,109 @@
+"""VAD-based endpointing: speech probabilities per 32 ms window → turn boundaries.
+
+A pure synchronous class (no I/O). The hysteresis (start at ``threshold``, keep
+speaking until below ``neg_threshold``) follows Silero VAD's ``get_speech_timestamps``
+(https://github.com/snakers4/silero-vad), made incremental.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from audio.vad import WINDOW
+
+from .config import TurnConfig
+
+RATE = 16000
+
+
+@dataclass(slots=True, frozen=True)
+class SpeechStart:
+    """Speech began at ``sample`` (16 kHz sample index in the session's stream)."""
+
+    sample: int
+
+
+@dataclass(slots=True, frozen=True)
+class SpeechEnd:
+    """The turn ended: speech ran from ``start`` to ``end`` (16 kHz sample indices).
+
+    ``reason`` is ``silence`` (end-of-speech silence), ``max_length`` or ``input_end``.
+    """
+
+    start: int
+    end: int
+    reason: str
+
+
+class Endpointer:
+    """Turn a stream of VAD probabilities into :class:`SpeechStart` / :class:`SpeechEnd`.
+
+    Speech starts on the first window at or above ``threshold`` and is confirmed once
+    ``min_speech_ms`` of it has passed (a shorter burst is forgotten); the turn ends
+    after ``end_silence_ms`` of windows below ``neg_threshold``, or at ``max_turn_s``.
+    """
+
+    def __init__(self, cfg: TurnConfig) -> None:
+        self.cfg = cfg
+        self._ms_per_win = WINDOW * 1000 / RATE
+        self._pos = 0  # samples seen
+        self._start: int | None = None  # candidate/confirmed speech start
+        self._confirmed = False
+        self._speech_ms = 0.0
+        self._silence_ms = 0.0
+        self._last_speech_end = 0
+
+    @property
+    def in_speech(self) -> bool:
+        """True between a confirmed :class:`SpeechStart` and its :class:`SpeechEnd`."""
+        return self._confirmed
+
+    def feed(self, probs) -> list[SpeechStart | SpeechEnd]:
+        """Consume probabilities of consecutive windows; return the events they cause."""
+        events: list[SpeechStart | SpeechEnd] = []
+        c = self.cfg
+        for p in probs:
+            win_start = self._pos
+            self._pos += WINDOW
+            if self._start is None:
+                if p >= c.threshold:
+                    self._start, self._speech_ms, self._silence_ms = win_start, self._ms_per_win, 0.0
+                    self._last_speech_end = self._pos
+                continue
+            if p >= c.neg_threshold:
+                self._speech_ms += self._ms_per_win
+                self._silence_ms = 0.0
+                self._last_speech_end = self._pos
+            else:
+                self._silence_ms += self._ms_per_win
+            if not self._confirmed:
+                if self._speech_ms >= c.min_speech_ms:
+                    self._confirmed = True
+                    events.append(SpeechStart(self._start))
+                elif self._silence_ms >= c.end_silence_ms:
+                    self._start = None  # a short burst: never speech
+                    continue
+            if self._confirmed:
+                if self._silence_ms >= c.end_silence_ms:
+                    events.append(self._end("silence"))
+                elif (self._pos - self._start) / RATE >= c.max_turn_s:
+                    events.append(self._end("max_length", at=self._pos))
+        return events
+
+    def finish(self) -> SpeechEnd | None:
+        """The client said the turn is over (``input.end``): end the current speech now.
+
+        Returns the :class:`SpeechEnd` if speech was confirmed, else None (an
+        unconfirmed burst is forgotten).
+        """
+        if not self._confirmed:
+            self._start = None
+            return None
+        return self._end("input_end")
+
+    def _end(self, reason: str, at: int | None = None) -> SpeechEnd:
+        end = self._last_speech_end if at is None else at
+        ev = SpeechEnd(self._start or 0, end, reason)
+        self._start, self._confirmed = None, False
+        self._speech_ms = self._silence_ms = 0.0
+        return ev

@@ -1,0 +1,82 @@
+"""Load every model once, start the stage workers, and warm them up before ready."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from audio.vad import SileroVad
+
+from .asr import AsrEngine, AsrRequest, load_whisper
+from .config import VoxpipeConfig
+from .llm import GenRequest, LlmEngine
+from .llm_loader import load_llm
+from .tts import TtsEngine, load_voice
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Engines:
+    """The shared model stages of one process."""
+
+    vad: SileroVad
+    asr: AsrEngine
+    llm: LlmEngine
+    tts: TtsEngine
+
+    def queue_depths(self) -> dict[str, int]:
+        """Waiting requests per stage."""
+        return {"asr": self.asr.depth, "llm": self.llm.depth, "tts": self.tts.depth}
+
+    def start(self) -> None:
+        for stage in (self.asr, self.llm, self.tts):
+            stage.start()
+
+    def stop(self) -> None:
+        for stage in (self.asr, self.llm, self.tts):
+            stage.stop()
+
+
+def load_engines(cfg: VoxpipeConfig) -> Engines:
+    """Load VAD, Whisper, the LLM and the Piper voice (slow: call once at startup).
+
+    Raises:
+        ModelNotInstalled, ValueError, FileNotFoundError: see the loaders.
+    """
+    from . import model_files
+
+    cfg.validate()
+    t0 = time.perf_counter()
+    vad = SileroVad(model_files.silero_vad_path())
+    asr = AsrEngine(load_whisper(cfg.asr), cfg.asr)
+    logger.info("ASR loaded (%s)", cfg.asr.model)
+    llm = LlmEngine(load_llm(cfg.llm.model, device=cfg.llm.device, threads=cfg.llm.threads), cfg.llm)
+    logger.info("LLM loaded (%s)", cfg.llm.model)
+    tts = TtsEngine(load_voice(cfg.tts), cfg.tts)
+    logger.info("models loaded in %.1f s", time.perf_counter() - t0)
+    engines = Engines(vad=vad, asr=asr, llm=llm, tts=tts)
+    engines.start()
+    return engines
+
+
+async def warm_up(engines: Engines) -> dict[str, float]:
+    """Run one ASR, LLM and TTS call so the first user does not pay for lazy
+    initialisation (CASES.md C17). Returns each stage's warm-up time (ms)."""
+    out: dict[str, float] = {}
+    t = time.perf_counter()
+    await engines.asr.run(AsrRequest(np.zeros(16000, dtype=np.float32)))
+    out["asr"] = (time.perf_counter() - t) * 1000
+    t = time.perf_counter()
+    stream = engines.llm.submit(GenRequest(messages=[{"role": "user", "content": "Hi"}], max_new_tokens=4))
+    async for _ in stream:
+        pass
+    out["llm"] = (time.perf_counter() - t) * 1000
+    t = time.perf_counter()
+    await engines.tts.run("Hello.")
+    out["tts"] = (time.perf_counter() - t) * 1000
+    logger.info("warm-up (ms): %s", {k: round(v) for k, v in out.items()})
+    return out

@@ -1,0 +1,40 @@
+"""Prometheus metrics (prometheus_client), exported at ``/metrics``.
+
+Latencies are histograms in seconds; queue depths are read from the engines when scraped.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+REGISTRY = CollectorRegistry()
+_LAT = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
+
+ASR_SECONDS = Histogram("voxpipe_asr_seconds", "ASR decode time per utterance", buckets=_LAT, registry=REGISTRY)
+ASR_RTF = Histogram("voxpipe_asr_rtf", "ASR real-time factor (decode time / audio time)",
+                    buckets=(0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0), registry=REGISTRY)
+LLM_TTFT = Histogram("voxpipe_llm_ttft_seconds", "LLM time to first token", buckets=_LAT, registry=REGISTRY)
+LLM_TPOT = Histogram("voxpipe_llm_tpot_seconds", "LLM time per output token",
+                     buckets=(0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5), registry=REGISTRY)
+FIRST_AUDIO = Histogram("voxpipe_first_audio_seconds", "response start to first reply audio sent",
+                        buckets=_LAT, registry=REGISTRY)
+VOICE_TO_VOICE = Histogram("voxpipe_voice_to_voice_seconds", "end of user speech to first reply audio sent",
+                           buckets=_LAT, registry=REGISTRY)
+SESSIONS = Gauge("voxpipe_sessions", "open sessions", registry=REGISTRY)
+ERRORS = Counter("voxpipe_client_errors_total", "error events sent to clients", ["code"], registry=REGISTRY)
+QUEUE_DEPTH = Gauge("voxpipe_queue_depth", "requests waiting per stage", ["stage"], registry=REGISTRY)
+RSS_BYTES = Gauge("voxpipe_process_rss_bytes", "resident memory of the server process", registry=REGISTRY)
+
+
+def render(engines=None) -> bytes:
+    """Prometheus text exposition of every metric, refreshing gauges from ``engines``."""
+    if engines is not None:
+        for stage, depth in engines.queue_depths().items():
+            QUEUE_DEPTH.labels(stage).set(depth)
+    try:
+        import resource
+
+        RSS_BYTES.set(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    except Exception:  # noqa: BLE001 - not on every platform
+        pass
+    return generate_latest(REGISTRY)

@@ -1,0 +1,358 @@
+"""One conversation: audio in → VAD turns → ASR → LLM → TTS → audio out.
+
+A :class:`Session` is transport-agnostic: the server feeds it parsed events and audio
+bytes and gives it an :class:`Outbox` to talk back through. Every model call goes to
+a shared engine (off the event loop); every failure is reported to this session's
+client as an ``error`` event and never reaches another session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from audio.pcm import AudioFormatError, PcmDecoder, PcmFormat, float_to_pcm16, resample
+
+from . import metrics
+from .asr import AsrRequest
+from .chunker import SentenceChunker, speakable
+from .config import VoxpipeConfig
+from .endpointing import Endpointer, SpeechEnd, SpeechStart
+from .engines import Engines
+from .history import ChatHistory
+from .llm import GenRequest
+from .worker import Busy
+
+logger = logging.getLogger(__name__)
+
+RATE = 16000
+AUDIO_CHUNK_S = 0.2
+"""Reply audio is sent in binary frames of about this many seconds."""
+EMPTY_REPLY = "Sorry, I don't have an answer to that."
+"""Spoken when the LLM returns nothing speakable (CASES.md C13)."""
+
+
+class Outbox(Protocol):
+    """Where a session sends events and audio (implemented by the server)."""
+
+    async def event(self, kind: str, **fields) -> None: ...
+
+    async def audio(self, response_id: int, pcm16: bytes) -> None: ...
+
+
+@dataclass(slots=True)
+class _Response:
+    rid: int
+    task: asyncio.Task
+    spoken: list[str] = field(default_factory=list)
+
+
+class Session:
+    """Per-connection turn logic.
+
+    Args:
+        engines: the shared model stages.
+        cfg: configuration.
+        out: the client's outbox.
+        session_id: id used in logs.
+    """
+
+    def __init__(self, *, engines: Engines, cfg: VoxpipeConfig, out: Outbox, session_id: str) -> None:
+        self.engines, self.cfg, self.out, self.id = engines, cfg, out, session_id
+        self.started = False
+        self.fmt: PcmFormat | None = None
+        self.output_rate = 24000
+        self.language: str | None = None
+        self.history = ChatHistory(cfg.llm.system_prompt)
+        self._decoder: PcmDecoder | None = None
+        self._vad = None
+        self._endpointer = Endpointer(cfg.turn)
+        self._chunks: list[np.ndarray] = []
+        self._buf_start = 0  # 16 kHz sample index of the first buffered sample
+        self._pos = 0  # 16 kHz samples received
+        self._next_rid = 0
+        self._response: _Response | None = None
+        self._turn_task: asyncio.Task | None = None  # ASR of the latest turn
+        self._last_turn: tuple[int, int] | None = None  # (start, end) samples of the latest turn
+        self._merge_from: int | None = None  # start of the turn that current speech continues
+        self._tasks: set[asyncio.Task] = set()
+
+    # ---- client events -------------------------------------------------------------
+
+    async def start(self, *, sample_rate: int, format: str, channels: int, output_sample_rate: int,
+                    system_prompt: str | None, language: str | None) -> None:
+        """Handle ``session.start``: (re)declare formats and reset the audio state."""
+        self.fmt = PcmFormat(sample_rate, format, channels)
+        self._decoder = PcmDecoder(self.fmt)
+        self._vad = self.engines.vad.stream()
+        self._endpointer = Endpointer(self.cfg.turn)
+        self._chunks, self._buf_start, self._pos = [], 0, 0
+        self._last_turn = self._merge_from = None
+        self.output_rate = output_sample_rate
+        self.language = language
+        if system_prompt:
+            self.history.system_prompt = system_prompt
+        self.started = True
+        await self.out.event("session.started", session_id=self.id, protocol=1,
+                             input={"sample_rate": sample_rate, "format": format, "channels": channels},
+                             output={"sample_rate": output_sample_rate, "format": "pcm16", "channels": 1})
+
+    async def on_audio(self, data: bytes) -> None:
+        """Handle a binary audio frame in the declared format (any length)."""
+        if not self.started:
+            await self.error("no_session", "send session.start before audio")
+            return
+        try:
+            samples = self._decoder.feed(data)
+        except AudioFormatError as exc:
+            await self.error("bad_audio", str(exc))
+            return
+        await self._consume(samples)
+
+    async def end_input(self) -> None:
+        """Handle ``input.end``: the user's turn is over now."""
+        if not self.started:
+            await self.error("no_session", "send session.start first")
+            return
+        await self._consume(self._decoder.flush())
+        end = self._endpointer.finish()
+        if end is not None:
+            await self._end_of_speech(end, t_end=time.perf_counter())
+        elif not self._pending():
+            await self.out.event("turn.empty", reason="no_speech")
+
+    def _pending(self) -> bool:
+        """True while a turn is being transcribed or answered."""
+        busy = self._turn_task is not None and not self._turn_task.done()
+        return busy or (self._response is not None and not self._response.task.done())
+
+    async def text_input(self, text: str) -> None:
+        """Handle ``text.input``: a typed user turn."""
+        await self._begin_response(text, t_end=time.perf_counter(), asr_ms=0.0)
+
+    async def cancel_response(self) -> None:
+        """Handle ``response.cancel``: stop the current reply, if any."""
+        await self._cancel_current()
+
+    async def close(self) -> None:
+        """Tear down: stop the reply (its LLM request is aborted) and every task."""
+        resp, self._response = self._response, None
+        if resp is not None:
+            resp.task.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def error(self, code: str, message: str, *, fatal: bool = False) -> None:
+        """Send an ``error`` event (and count it)."""
+        metrics.ERRORS.labels(code).inc()
+        await self.out.event("error", code=code, message=message, fatal=fatal)
+
+    # ---- audio → turns -------------------------------------------------------------
+
+    async def _consume(self, samples: np.ndarray) -> None:
+        if len(samples) == 0:
+            return
+        self._chunks.append(samples)
+        self._pos += len(samples)
+        probs = await asyncio.to_thread(self._vad.feed, samples)
+        for ev in self._endpointer.feed(probs):
+            if isinstance(ev, SpeechStart):
+                await self.out.event("speech.started", audio_ms=int(ev.sample * 1000 / RATE))
+                await self._maybe_continue_turn(ev.sample)
+            elif isinstance(ev, SpeechEnd):
+                silence_s = (self._pos - ev.end) / RATE if ev.reason == "silence" else 0.0
+                await self._end_of_speech(ev, t_end=time.perf_counter() - silence_s)
+        if not self._endpointer.in_speech:
+            keep_from = self._pos - RATE  # 1 s of pre-roll for the next turn
+            if self._last_turn and self._pos - self._last_turn[1] <= self._merge_window():
+                keep_from = min(keep_from, self._last_turn[0] - self._pad())
+            self._trim(keep_from)
+
+    def _merge_window(self) -> int:
+        return int(self.cfg.turn.merge_window_ms * RATE / 1000)
+
+    def _pad(self) -> int:
+        return int(self.cfg.turn.pad_ms * RATE / 1000)
+
+    def _trim(self, keep_from: int) -> None:
+        """Drop buffered audio before sample ``keep_from`` (amortised: only when the
+        buffer holds twice what is needed)."""
+        if keep_from - self._buf_start <= self._pos - keep_from:
+            return
+        buf = np.concatenate(self._chunks)[max(0, keep_from - self._buf_start) :]
+        self._chunks, self._buf_start = [buf], self._pos - len(buf)
+
+    async def _maybe_continue_turn(self, start: int) -> None:
+        """Speech resumed soon after the last turn ended: treat it as the same turn."""
+        last = self._last_turn
+        if last is None or start - last[1] > self._merge_window():
+            return
+        if (start - last[0]) / RATE >= self.cfg.turn.max_turn_s * 0.8:
+            return
+        self._merge_from = last[0]
+        if self._turn_task is not None:
+            self._turn_task.cancel()
+        await self._cancel_current()
+
+    def _slice(self, start: int, end: int) -> np.ndarray:
+        buf = np.concatenate(self._chunks) if self._chunks else np.zeros(0, np.float32)
+        a = max(0, start - self._buf_start)
+        b = max(a, min(len(buf), end - self._buf_start))
+        return buf[a:b]
+
+    async def _end_of_speech(self, ev: SpeechEnd, *, t_end: float) -> None:
+        start = ev.start if self._merge_from is None else self._merge_from
+        self._merge_from = None
+        self._last_turn = (start, ev.end)
+        audio = self._slice(start - self._pad(), ev.end + self._pad())
+        await self.out.event("speech.stopped", audio_ms=int(ev.end * 1000 / RATE), reason=ev.reason)
+        self._turn_task = self._spawn(self._transcribe_and_reply(audio, t_end))
+
+    def _spawn(self, coro) -> asyncio.Task:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _transcribe_and_reply(self, audio: np.ndarray, t_end: float) -> None:
+        try:
+            result = await self.engines.asr.run(AsrRequest(audio, self.language))
+        except Busy as exc:
+            await self.error("busy", str(exc))
+            return
+        except Exception as exc:  # noqa: BLE001
+            logger.exception("session %s: ASR failed", self.id)
+            await self.error("asr_failed", f"transcription failed: {exc}")
+            return
+        metrics.ASR_SECONDS.observe(result.decode_ms / 1000)
+        if result.audio_s > 0:
+            metrics.ASR_RTF.observe(result.decode_ms / 1000 / result.audio_s)
+        if not result.text:
+            await self.out.event("turn.empty", reason="no_words")
+            return
+        await self.out.event("transcript.final", text=result.text, language=result.language,
+                             audio_ms=int(result.audio_s * 1000))
+        await self._begin_response(result.text, t_end=t_end, asr_ms=result.decode_ms)
+
+    # ---- replies -------------------------------------------------------------------
+
+    async def _cancel_current(self) -> None:
+        resp, self._response = self._response, None
+        if resp is None or resp.task.done():
+            return
+        resp.task.cancel()
+        await asyncio.gather(resp.task, return_exceptions=True)
+        spoken = " ".join(resp.spoken).strip()
+        await self.out.event("response.cancelled", response_id=resp.rid, spoken_text=spoken)
+
+    async def _begin_response(self, user_text: str, *, t_end: float, asr_ms: float) -> None:
+        await self._cancel_current()
+        self._next_rid += 1
+        rid = self._next_rid
+        resp = _Response(rid=rid, task=None)  # type: ignore[arg-type]
+        resp.task = self._spawn(self._reply(resp, user_text, t_end, asr_ms))
+        self._response = resp
+
+    async def _reply(self, resp: _Response, user_text: str, t_end: float, asr_ms: float) -> None:
+        rid, llm, cfg = resp.rid, self.engines.llm, self.cfg.llm
+        t0 = time.perf_counter()
+        timings = {"asr": round(asr_ms, 1)}
+        await self.out.event("response.started", response_id=rid, user_text=user_text)
+        messages = await asyncio.to_thread(self.history.prompt, user_text, llm.count_tokens,
+                                           cfg.max_context_tokens - cfg.max_new_tokens)
+        try:
+            stream = llm.submit(GenRequest(messages=messages, max_new_tokens=cfg.max_new_tokens))
+        except Busy as exc:
+            await self.error("busy", str(exc))
+            self._finish(resp)
+            return
+        speaker = _Speaker(self, resp, t0, t_end)
+        speaker_task = asyncio.create_task(speaker.run())
+        chunker = SentenceChunker()
+        text = ""
+        try:
+            async for delta in stream:
+                text += delta
+                await self.out.event("response.text.delta", response_id=rid, delta=delta)
+                for phrase in chunker.push(delta):
+                    await speaker.say(phrase)
+            fallback = not speakable(text)
+            if fallback:
+                text = EMPTY_REPLY
+                await self.out.event("response.text.delta", response_id=rid, delta=text)
+                await speaker.say(text)
+            for phrase in chunker.flush():
+                await speaker.say(phrase)
+            await speaker.say(None)
+            await speaker_task
+        except asyncio.CancelledError:
+            stream.abort()
+            speaker_task.cancel()
+            await asyncio.gather(speaker_task, return_exceptions=True)
+            self.history.add_turn(user_text, " ".join(resp.spoken))
+            raise
+        except Exception as exc:  # noqa: BLE001
+            stream.abort()
+            speaker_task.cancel()
+            logger.exception("session %s: reply failed", self.id)
+            await self.error("reply_failed", f"reply failed: {exc}")
+            self._finish(resp)
+            return
+        st = stream.stats
+        timings.update(llm_ttft=round(st.ttft_ms, 1), llm_tpot=round(st.tpot_ms, 1), **speaker.timings)
+        metrics.LLM_TTFT.observe(st.ttft_ms / 1000)
+        if st.tpot_ms:
+            metrics.LLM_TPOT.observe(st.tpot_ms / 1000)
+        self.history.add_turn(user_text, text)
+        self._finish(resp)
+        await self.out.event("response.done", response_id=rid, text=text, fallback=fallback,
+                             finish_reason=st.finish_reason, output_tokens=st.output_tokens,
+                             audio_s=round(speaker.audio_s, 3), timings_ms=timings)
+
+    def _finish(self, resp: _Response) -> None:
+        if self._response is resp:
+            self._response = None
+
+
+class _Speaker:
+    """Speaks one response's phrases in order: TTS → resample → binary frames."""
+
+    def __init__(self, session: Session, resp: _Response, t_start: float, t_end: float) -> None:
+        self.s, self.resp, self.t_start, self.t_end = session, resp, t_start, t_end
+        self.queue: asyncio.Queue[str | None] = asyncio.Queue()
+        self.timings: dict[str, float] = {}
+        self.audio_s = 0.0
+
+    async def say(self, phrase: str | None) -> None:
+        await self.queue.put(phrase)
+
+    async def run(self) -> None:
+        s = self.s
+        while (phrase := await self.queue.get()) is not None:
+            if not speakable(phrase):
+                continue
+            try:
+                speech = await s.engines.tts.run(phrase)
+            except Exception as exc:  # noqa: BLE001 - skip the phrase, keep speaking
+                await s.error("tts_failed", f"could not speak a phrase: {exc}")
+                continue
+            if len(speech.audio) == 0:
+                continue
+            audio = await asyncio.to_thread(resample, speech.audio, speech.sample_rate, s.output_rate)
+            self.resp.spoken.append(phrase)
+            step = int(s.output_rate * AUDIO_CHUNK_S)
+            for i in range(0, len(audio), step):
+                if "first_audio" not in self.timings:
+                    now = time.perf_counter()
+                    self.timings["first_audio"] = round((now - self.t_start) * 1000, 1)
+                    self.timings["voice_to_voice"] = round((now - self.t_end) * 1000, 1)
+                    metrics.FIRST_AUDIO.observe(now - self.t_start)
+                    metrics.VOICE_TO_VOICE.observe(now - self.t_end)
+                await s.out.audio(self.resp.rid, float_to_pcm16(audio[i : i + step]))
+            self.audio_s += len(audio) / s.output_rate

@@ -1,0 +1,1 @@
+"""The WebSocket server, the wire protocol, and the ``voxpipe`` command line."""

@@ -1,0 +1,144 @@
+"""The WebSocket server: ``/ws`` sessions, the web demo, ``/healthz`` and ``/metrics``."""
+
+from __future__ import annotations
+
+import asyncio
+import http
+import logging
+import mimetypes
+import uuid
+from pathlib import Path
+
+from websockets.asyncio.server import ServerConnection, serve
+from websockets.datastructures import Headers
+from websockets.exceptions import ConnectionClosed
+from websockets.http11 import Request, Response
+
+from pipeline import metrics
+from pipeline.config import VoxpipeConfig
+from pipeline.engines import Engines
+from pipeline.session import Session
+
+from .outbox import SlowClient, WsOutbox
+from .protocol import (InputEnd, ProtocolError, ResponseCancel, SessionEnd, SessionStart, TextInput,
+                       parse_client_event)
+
+logger = logging.getLogger(__name__)
+
+WEB_DIR = Path(__file__).resolve().parent.parent / "web"
+
+
+class VoxpipeServer:
+    """Serves sessions over WebSocket with shared engines.
+
+    Args:
+        engines: loaded and started model stages.
+        cfg: configuration (``cfg.server`` for limits).
+    """
+
+    def __init__(self, engines: Engines, cfg: VoxpipeConfig) -> None:
+        self.engines, self.cfg = engines, cfg
+        self.ready = False
+        self.sessions = 0
+
+    async def serve(self, host: str | None = None, port: int | None = None):
+        """Start listening; returns the websockets ``Server`` (use as async context)."""
+        s = self.cfg.server
+        return await serve(
+            self.handle,
+            host or s.host,
+            s.port if port is None else port,
+            process_request=self.process_request,
+            max_size=s.max_message_bytes,
+            max_queue=16,
+            write_limit=256 * 1024,
+            ping_interval=20,
+            ping_timeout=20,
+        )
+
+    # ---- HTTP --------------------------------------------------------------------
+
+    def process_request(self, connection: ServerConnection, request: Request) -> Response | None:
+        path = request.path.split("?", 1)[0]
+        if path == "/ws":
+            return None
+        if path == "/healthz":
+            status = http.HTTPStatus.OK if self.ready else http.HTTPStatus.SERVICE_UNAVAILABLE
+            return connection.respond(status, "ready\n" if self.ready else "warming up\n")
+        if path == "/metrics":
+            return _response(200, metrics.render(self.engines), "text/plain; version=0.0.4")
+        name = "index.html" if path == "/" else path.lstrip("/")
+        file = (WEB_DIR / name).resolve()
+        if file.is_file() and WEB_DIR in file.parents:
+            ctype = mimetypes.guess_type(file.name)[0] or "application/octet-stream"
+            if file.suffix == ".js":
+                ctype = "text/javascript"
+            return _response(200, file.read_bytes(), ctype)
+        return connection.respond(http.HTTPStatus.NOT_FOUND, "not found\n")
+
+    # ---- WebSocket ---------------------------------------------------------------
+
+    async def handle(self, ws: ServerConnection) -> None:
+        """One connection = one session; everything it starts ends with it."""
+        sid = uuid.uuid4().hex[:12]
+        s = self.cfg.server
+        out = WsOutbox(ws, maxsize=s.send_queue, timeout_s=s.slow_client_timeout_s)
+        writer = asyncio.create_task(out.run())
+        session = Session(engines=self.engines, cfg=self.cfg, out=out, session_id=sid)
+        self.sessions += 1
+        metrics.SESSIONS.inc()
+        logger.info("session %s opened from %s", sid, ws.remote_address)
+        try:
+            if not self.ready:
+                await session.error("not_ready", "server is warming up; try again shortly", fatal=True)
+                return
+            async for message in ws:
+                if isinstance(message, bytes):
+                    await session.on_audio(message)
+                elif await self._dispatch(session, message) is SessionEnd:
+                    break
+        except (ConnectionClosed, SlowClient):
+            pass
+        except Exception:  # noqa: BLE001 - never let one session take the server down
+            logger.exception("session %s crashed", sid)
+            try:
+                await session.error("internal", "internal error; session closed", fatal=True)
+            except Exception:  # noqa: BLE001
+                pass
+        finally:
+            await session.close()
+            out.close()
+            try:
+                await asyncio.wait_for(writer, timeout=2.0)
+            except (asyncio.TimeoutError, Exception):  # noqa: BLE001
+                writer.cancel()
+            await ws.close()
+            self.sessions -= 1
+            metrics.SESSIONS.dec()
+            logger.info("session %s closed", sid)
+
+    async def _dispatch(self, session: Session, text: str):
+        try:
+            ev = parse_client_event(text)
+        except ProtocolError as exc:
+            await session.error(exc.code, str(exc))
+            return None
+        if isinstance(ev, SessionStart):
+            await session.start(sample_rate=ev.sample_rate, format=ev.format, channels=ev.channels,
+                                output_sample_rate=ev.output_sample_rate, system_prompt=ev.system_prompt,
+                                language=ev.language)
+        elif isinstance(ev, InputEnd):
+            await session.end_input()
+        elif isinstance(ev, TextInput):
+            await session.text_input(ev.text)
+        elif isinstance(ev, ResponseCancel):
+            await session.cancel_response()
+        elif isinstance(ev, SessionEnd):
+            return SessionEnd
+        return None
+
+
+def _response(status: int, body: bytes, content_type: str) -> Response:
+    headers = Headers([("Content-Type", content_type), ("Content-Length", str(len(body))),
+                       ("Cache-Control", "no-store")])
+    return Response(status, http.HTTPStatus(status).phrase, headers, body)

@@ -1,0 +1,135 @@
+"""The ``voxpipe`` command line: ``serve``, ``ask`` and ``mic``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="voxpipe", description="Real-time voice assistant server.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("serve", help="run the WebSocket server")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8765)
+    s.add_argument("--llm", default="qwen", help="qwen (default), smollm2, or a local transformers folder")
+    s.add_argument("--asr-model", default="tiny.en", help="tiny.en (default) or a CTranslate2 Whisper folder")
+    s.add_argument("--voice", default="joe", help="joe (default) or a Piper .onnx voice path")
+    s.add_argument("--device", default="auto", help="auto | cpu | cpu-fp32 | cuda")
+    s.add_argument("--llm-threads", type=int, default=1, help="torch threads for the LLM")
+    s.add_argument("--max-new-tokens", type=int, default=96)
+    s.add_argument("--log-level", default="INFO")
+
+    a = sub.add_parser("ask", help="send an audio file, print and save the spoken reply")
+    a.add_argument("audio", help="audio file (WAV, FLAC, ...)")
+    a.add_argument("--url", default="ws://127.0.0.1:8765/ws")
+    a.add_argument("--out", default="reply.wav", help="where to write the reply audio")
+    a.add_argument("--fast", action="store_true", help="send as fast as possible, not in real time")
+    a.add_argument("--json", action="store_true", help="print exactly one JSON object")
+    a.add_argument("--language", default=None)
+    a.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for the reply")
+
+    m = sub.add_parser("mic", help="talk to a server with the local microphone and speaker")
+    m.add_argument("--url", default="ws://127.0.0.1:8765/ws")
+    m.add_argument("--input-device", default=None)
+    m.add_argument("--output-device", default=None)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``voxpipe`` console script."""
+    args = _parser().parse_args(argv)
+    if args.command == "serve":
+        return _serve(args)
+    if args.command == "ask":
+        return _ask(args)
+    if args.command == "mic":
+        from .mic import run_mic
+
+        return run_mic(args.url, input_device=args.input_device, output_device=args.output_device)
+    return 2
+
+
+def _serve(args) -> int:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from pipeline.config import AsrConfig, LlmConfig, ServerConfig, TtsConfig, VoxpipeConfig
+
+    cfg = VoxpipeConfig(
+        asr=AsrConfig(model=args.asr_model),
+        llm=LlmConfig(model=args.llm, device=args.device, threads=args.llm_threads,
+                      max_new_tokens=args.max_new_tokens),
+        tts=TtsConfig(voice=args.voice),
+        server=ServerConfig(host=args.host, port=args.port),
+    )
+    try:
+        cfg.validate()
+    except ValueError as exc:
+        print(f"voxpipe: bad configuration: {exc}", file=sys.stderr)
+        return 2
+    return asyncio.run(_serve_async(cfg))
+
+
+async def _serve_async(cfg) -> int:
+    from pipeline.engines import load_engines, warm_up
+
+    from .app import VoxpipeServer
+
+    log = logging.getLogger("voxpipe")
+    log.info("loading models (the first start converts the LLM once; later starts are fast)")
+    engines = await asyncio.to_thread(load_engines, cfg)
+    app = VoxpipeServer(engines, cfg)
+    server = await app.serve()
+    await warm_up(engines)
+    app.ready = True
+    host, port = cfg.server.host, cfg.server.port
+    log.info("voxpipe ready: ws://%s:%d/ws  web demo: http://%s:%d/", host, port, host, port)
+    print(f"voxpipe ready on ws://{host}:{port}/ws (web demo http://{host}:{port}/)", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    server.close()
+    await server.wait_closed()
+    engines.stop()
+    return 0
+
+
+def _ask(args) -> int:
+    from .client import ServerUnavailable, ask, save_reply
+
+    try:
+        res = asyncio.run(ask(args.audio, url=args.url, fast=args.fast, timeout_s=args.timeout,
+                              language=args.language))
+    except ServerUnavailable as exc:
+        print(f"voxpipe ask: {exc}", file=sys.stderr)
+        return 3
+    except (asyncio.TimeoutError, TimeoutError):
+        print(f"voxpipe ask: no reply within {args.timeout:.0f} s", file=sys.stderr)
+        return 4
+    except (OSError, RuntimeError) as exc:
+        print(f"voxpipe ask: {exc}", file=sys.stderr)
+        return 1
+    if res.reply_audio and args.out:
+        save_reply(res, args.out)
+    if args.json:
+        print(json.dumps(res.as_json()))
+    else:
+        print(f"you said:   {res.transcript or '(nothing)'}")
+        print(f"voxpipe:    {res.reply_text or '(no reply)'}")
+        print(f"reply audio {res.as_json()['reply_audio_s']:.2f} s -> {args.out}")
+        print("timings ms: " + ", ".join(f"{k}={v}" for k, v in res.timings_ms.items()))
+    for err in res.errors:
+        print(f"server error {err.get('code')}: {err.get('message')}", file=sys.stderr)
+    return 0 if not any(e.get("fatal") for e in res.errors) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

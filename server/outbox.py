@@ -1,0 +1,73 @@
+"""A bounded per-connection send queue drained by one writer task.
+
+Producers (the session's tasks) ``await`` space in the queue; the writer awaits the
+socket, whose own buffer is bounded by websockets' ``write_limit``. A client that does
+not read blocks only its own producers, and after ``timeout_s`` without progress the
+connection is closed with code 1008 — memory stays bounded and other sessions never wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from .protocol import audio_frame, server_event
+
+logger = logging.getLogger(__name__)
+
+
+class SlowClient(RuntimeError):
+    """The client stopped reading; its connection is being closed."""
+
+
+class WsOutbox:
+    """Outbox over a websockets connection.
+
+    Args:
+        ws: a ``websockets.asyncio.server.ServerConnection``.
+        maxsize: frames buffered before producers wait.
+        timeout_s: longest wait for space before the client is dropped as too slow.
+    """
+
+    def __init__(self, ws, *, maxsize: int, timeout_s: float) -> None:
+        self.ws = ws
+        self.timeout_s = timeout_s
+        self._q: asyncio.Queue[str | bytes | None] = asyncio.Queue(maxsize=maxsize)
+        self.closed = False
+
+    async def event(self, kind: str, **fields) -> None:
+        await self._put(server_event(kind, **fields))
+
+    async def audio(self, response_id: int, pcm16: bytes) -> None:
+        await self._put(audio_frame(response_id, pcm16))
+
+    async def _put(self, item: str | bytes) -> None:
+        if self.closed:
+            return
+        try:
+            await asyncio.wait_for(self._q.put(item), self.timeout_s)
+        except asyncio.TimeoutError:
+            logger.warning("client not reading for %.1f s: closing", self.timeout_s)
+            self.closed = True
+            asyncio.ensure_future(self.ws.close(1008, "client too slow: not reading"))
+            raise SlowClient("client too slow") from None
+
+    async def run(self) -> None:
+        """Writer loop: send queued frames until :meth:`close` or the socket closes."""
+        from websockets.exceptions import ConnectionClosed
+
+        try:
+            while (item := await self._q.get()) is not None:
+                await self.ws.send(item)
+        except ConnectionClosed:
+            pass
+        finally:
+            self.closed = True
+
+    def close(self) -> None:
+        """Stop the writer after what is queued (never blocks)."""
+        self.closed = True
+        try:
+            self._q.put_nowait(None)
+        except asyncio.QueueFull:
+            pass

@@ -1,0 +1,62 @@
+"""The ``voxpipe`` command line as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.conftest import ROOT, free_port
+from tests.wsclient import wer
+
+JFK = "en_jfk_inaugural_1961.wav"
+
+
+def voxpipe(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "server.cli", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_ask_json_prints_one_object_and_writes_audio(server, audio_dir, manifest, tmp_path):
+    out = tmp_path / "reply.wav"
+    r = voxpipe("ask", str(audio_dir / JFK), "--url", server["url"], "--json", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    lines = [ln for ln in r.stdout.splitlines() if ln.strip()]
+    assert len(lines) == 1
+    res = json.loads(lines[0])
+    assert set(res) == {"transcript", "reply_text", "reply_audio_s", "timings_ms"}
+    assert wer(manifest[JFK]["reference_transcript"], res["transcript"]) <= 0.15
+    assert res["reply_text"] and res["reply_audio_s"] >= 0.5
+    t = res["timings_ms"]
+    assert set(t) >= {"asr_final", "llm_ttft", "first_audio", "voice_to_voice"}
+    assert all(isinstance(t[k], (int, float)) and t[k] > 0 for k in ("asr_final", "llm_ttft", "first_audio", "voice_to_voice"))
+    assert t["voice_to_voice"] >= t["asr_final"]
+    import soundfile as sf
+
+    info = sf.info(str(out))
+    assert abs(info.duration - res["reply_audio_s"]) < 0.05
+
+
+def test_ask_music_has_no_reply(server, audio_dir, tmp_path):
+    r = voxpipe("ask", str(audio_dir / "xx_hard_music_brahms_hungarian_dance5_30s.wav"), "--url", server["url"],
+                "--json", "--fast", "--out", str(tmp_path / "r.wav"))
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    assert res["transcript"] == "" and res["reply_text"] == "" and res["reply_audio_s"] == 0
+
+
+def test_ask_without_server_says_so_in_one_line(audio_dir):
+    r = voxpipe("ask", str(audio_dir / JFK), "--url", f"ws://127.0.0.1:{free_port()}/ws", "--json", timeout=60)
+    assert r.returncode != 0
+    assert r.stdout == ""
+    assert len(r.stderr.strip().splitlines()) == 1 and "no voxpipe server" in r.stderr
+
+
+def test_mic_without_server_says_so(tmp_path):
+    r = voxpipe("mic", "--url", f"ws://127.0.0.1:{free_port()}/ws", timeout=60)
+    assert r.returncode != 0 and "no voxpipe server" in r.stderr
+
+
+def test_serve_rejects_bad_config():
+    r = voxpipe("serve", "--llm-threads", "0", timeout=60)
+    assert r.returncode == 2 and "llm.threads" in r.stderr

@@ -1,0 +1,196 @@
+"""End to end through a real server on loopback with the real models (SmolLM2 for speed)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from audio.pcm import resample
+from audio.wav import read_audio, read_mono
+from tests.wsclient import Client, normalize, wer
+
+JFK = "en_jfk_inaugural_1961.wav"
+MUSIC = "xx_hard_music_brahms_hungarian_dance5_30s.wav"
+
+
+def pcm16(x: np.ndarray) -> bytes:
+    return (np.clip(x, -1, 1) * 32767).astype("<i2").tobytes()
+
+
+def clip16k(audio_dir, name) -> np.ndarray:
+    x, sr = read_mono(audio_dir / name)
+    return resample(x, sr, 16000)
+
+
+@pytest.fixture(scope="module")
+async def jfk_turn(server, audio_dir):
+    async with Client(server["url"]) as c:
+        await c.start(sample_rate=16000, format="pcm16", channels=1, output_sample_rate=22050)
+        done = await c.turn(pcm16(clip16k(audio_dir, JFK)))
+        yield c.conv, done
+
+
+async def test_jfk_transcript_within_wer(jfk_turn, manifest):
+    conv, done = jfk_turn
+    assert done["type"] == "response.done", conv.events
+    ref = manifest[JFK]["reference_transcript"]
+    final = conv.of("transcript.final")[-1]["text"]
+    assert wer(ref, final) <= 0.15, final
+    started = [e for e in conv.of("response.started") if e["response_id"] == done["response_id"]][0]
+    assert wer(ref, started["user_text"]) <= 0.15
+
+
+async def test_jfk_reply_text_and_audio(jfk_turn):
+    conv, done = jfk_turn
+    assert done["text"].strip(), "empty reply"
+    deltas = "".join(e["delta"] for e in conv.of("response.text.delta") if e["response_id"] == done["response_id"])
+    assert deltas == done["text"]
+    audio = conv.reply_audio(done["response_id"])
+    assert len(audio) / 22050 >= 0.5
+    assert float(np.sqrt(np.mean(audio**2))) > 0.01, "reply audio is silent"
+    for key in ("asr", "llm_ttft", "first_audio", "voice_to_voice"):
+        assert done["timings_ms"][key] >= 0
+
+
+async def test_reply_audio_says_reply_text(jfk_turn):
+    """Transcribe the reply audio back with the ASR model: it must say the reply text."""
+    from pipeline.asr import AsrEngine, AsrRequest, load_whisper
+    from pipeline.config import AsrConfig
+
+    conv, done = jfk_turn
+    audio = resample(conv.reply_audio(done["response_id"]), 22050, 16000)
+    cfg = AsrConfig()
+    engine = AsrEngine(load_whisper(cfg), cfg)
+    heard = engine.transcribe(AsrRequest(audio)).text
+    assert wer(done["text"], heard) <= 0.35, (done["text"], heard)
+
+
+async def test_music_gives_no_transcript_and_no_reply(server, audio_dir):
+    async with Client(server["url"]) as c:
+        await c.start(sample_rate=16000)
+        done = await c.turn(pcm16(clip16k(audio_dir, MUSIC)))
+        assert done["type"] == "turn.empty"
+        assert not c.conv.of("transcript.final")
+        assert not c.conv.of("response.started")
+        assert not c.conv.audio
+
+
+@pytest.mark.parametrize(
+    "frame, code",
+    [
+        ("hello", "bad_json"),
+        ("{bad", "bad_json"),
+        ("[]", "bad_json"),
+        ("123", "bad_json"),
+        ("null", "bad_json"),
+        ('{"type": null}', "unknown_type"),
+        ('{"type": "no.such.event"}', "unknown_type"),
+        ('{"type": "text.input"}', "bad_event"),
+        ('{"type": "text.input", "text": 5}', "bad_event"),
+        ('{"type": "session.start", "sample_rate": "16000"}', "bad_event"),
+        ('{"type": "session.start", "language": 5}', "bad_event"),
+        ('{"type": "session.start", "channels": 3}', "bad_event"),
+        ('{"type": "session.start", "sample_rate": 96000}', "bad_event"),
+        ('{"type": "session.start", "format": "mp3"}', "bad_event"),
+        ('{"type": "text.input", "text": "' + "x" * 100_000 + '"}', "bad_event"),
+    ],
+)
+async def test_bad_text_frames_get_error_and_session_goes_on(server, frame, code):
+    async with Client(server["url"]) as c:
+        await c.send_json(frame)
+        err = await c.wait_for("error", 10)
+        assert err["code"] == code and err["fatal"] is False
+        await c.start(sample_rate=16000)  # the session still works
+        assert len(c.conv.of("error")) == 1
+
+
+async def test_audio_before_start_is_an_error_then_a_valid_turn_works(server, audio_dir):
+    x = clip16k(audio_dir, "en_cmu_goforward.wav")
+    async with Client(server["url"]) as c:
+        await c.ws.send(pcm16(x[:3200]))
+        err = await c.wait_for("error", 10)
+        assert err["code"] == "no_session"
+        for bad in ("hello", "[]", '{"type": 1}'):
+            await c.send_json(bad)
+        await c.start(sample_rate=16000)
+        done = await c.turn(pcm16(x))
+        assert done["type"] == "response.done" and done["text"]
+        assert "forward" in normalize(c.conv.of("transcript.final")[-1]["text"])
+
+
+async def test_unknown_extra_fields_are_ignored(server):
+    async with Client(server["url"]) as c:
+        ev = await c.start(sample_rate=16000, model_size="large", extra={"x": 1})
+        assert ev["input"]["sample_rate"] == 16000
+
+
+async def _transcript(url, start: dict, data: bytes, chunk: int = 3200) -> str:
+    async with Client(url) as c:
+        await c.start(**start)
+        n = len(c.conv.events)
+        await c.send_audio(data, chunk)
+        await c.send_json({"type": "input.end"})
+        ev = await c.wait_for(lambda e: e["type"] in ("transcript.final", "turn.empty", "error")
+                              and c.conv.events.index(e) >= n, 60)
+        await c.send_json({"type": "response.cancel"})
+        assert ev["type"] == "transcript.final", c.conv.events
+        return ev["text"]
+
+
+async def test_formats_give_the_same_transcript(server, audio_dir):
+    """16 kHz mono PCM16, 16 kHz mono f32 and 48 kHz stereo PCM16 (odd chunk sizes)."""
+    x = clip16k(audio_dir, "en_librispeech_3752-4944-0000.wav")
+    base = await _transcript(server["url"], {"sample_rate": 16000}, pcm16(x))
+    f32 = await _transcript(server["url"], {"sample_rate": 16000, "format": "f32"}, x.astype("<f4").tobytes(), 4095)
+    x48 = resample(x, 16000, 48000)
+    stereo = np.stack([x48, x48 * 0.9], axis=1).reshape(-1)
+    st = await _transcript(server["url"], {"sample_rate": 48000, "channels": 2}, pcm16(stereo), 641)
+    assert normalize(base) == normalize(f32) == normalize(st)
+    assert "scenery" in normalize(base)
+
+
+async def test_f32_sent_as_pcm16_is_rejected(server, audio_dir):
+    x = clip16k(audio_dir, "en_cmu_goforward.wav")
+    async with Client(server["url"]) as c:
+        await c.start(sample_rate=16000, format="pcm16")
+        await c.send_audio(x.astype("<f4").tobytes())
+        err = await c.wait_for("error", 10)
+        assert err["code"] == "bad_audio" and "f32" in err["message"]
+
+
+async def test_pcm16_sent_as_f32_is_rejected(server, audio_dir):
+    x = clip16k(audio_dir, "en_cmu_goforward.wav")
+    async with Client(server["url"]) as c:
+        await c.start(sample_rate=16000, format="f32")
+        await c.send_audio(pcm16(x))
+        err = await c.wait_for("error", 10)
+        assert err["code"] == "bad_audio"
+
+
+async def test_text_input_turn(server):
+    async with Client(server["url"]) as c:
+        await c.start(sample_rate=16000, output_sample_rate=16000)
+        await c.send_json({"type": "text.input", "text": "What is the capital of France?"})
+        done = await c.wait_for("response.done", 60)
+        assert "paris" in done["text"].lower()
+        assert len(c.conv.reply_audio(done["response_id"])) > 8000
+
+
+async def test_oversize_message_closes_only_that_connection(server):
+    async with Client(server["url"]) as big:
+        await big.start(sample_rate=16000, format="f32")
+        await big.ws.send(b"\0" * (10 * 1024 * 1024))
+        await big.ws.wait_closed()
+        assert big.ws.close_code == 1009
+    async with Client(server["url"]) as c:
+        await c.start(sample_rate=16000)
+
+
+async def test_healthz_and_metrics(server):
+    import urllib.request
+
+    with urllib.request.urlopen(server["http"] + "/healthz") as r:
+        assert r.status == 200
+    with urllib.request.urlopen(server["http"] + "/metrics") as r:
+        body = r.read().decode()
+    assert "voxpipe_llm_ttft_seconds" in body and "voxpipe_queue_depth" in body

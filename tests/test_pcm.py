@@ -1,0 +1,87 @@
+"""PCM decoding: odd byte counts, formats, channels, resampling (CASES C04, C06, C07)."""
+
+import numpy as np
+import pytest
+
+from audio.pcm import AudioFormatError, PcmDecoder, PcmFormat, looks_like_f32, resample
+
+
+def tone(rate: int, seconds: float = 1.0, hz: float = 440.0) -> np.ndarray:
+    t = np.arange(int(rate * seconds)) / rate
+    return (0.5 * np.sin(2 * np.pi * hz * t)).astype(np.float32)
+
+
+def decode_all(fmt: PcmFormat, data: bytes, sizes) -> np.ndarray:
+    dec = PcmDecoder(fmt)
+    out, i, k = [], 0, 0
+    while i < len(data):
+        n = sizes[k % len(sizes)]
+        out.append(dec.feed(data[i : i + n]))
+        i, k = i + n, k + 1
+    out.append(dec.flush())
+    return np.concatenate(out)
+
+
+@pytest.mark.parametrize("sizes", [[1], [3], [321], [4095], [1, 3, 640, 768, 7]])
+def test_odd_chunk_sizes_lose_and_duplicate_nothing(sizes):
+    x = tone(16000, 0.5)
+    data = (x * 32767).astype("<i2").tobytes()
+    got = decode_all(PcmFormat(16000, "pcm16", 1), data, sizes)
+    assert len(got) == len(x)
+    np.testing.assert_allclose(got, x, atol=2 / 32767)  # int16 truncation
+
+
+def test_f32_six_byte_frames_carry_over():
+    x = tone(16000, 0.1)
+    got = decode_all(PcmFormat(16000, "f32", 1), x.astype("<f4").tobytes(), [6])
+    np.testing.assert_array_equal(got, x)
+
+
+def test_trailing_partial_sample_is_dropped():
+    dec = PcmDecoder(PcmFormat(16000, "pcm16", 1))
+    assert len(dec.feed(b"\x01\x00\x02")) == 1
+    assert len(dec.flush()) == 0
+
+
+def test_stereo_48k_matches_mono_16k():
+    x16 = tone(16000, 1.0, 300)
+    x48 = resample(x16, 16000, 48000)
+    stereo = np.stack([x48, x48], axis=1).reshape(-1)
+    got = decode_all(PcmFormat(48000, "pcm16", 2), (stereo * 32767).astype("<i2").tobytes(), [640, 768])
+    assert abs(len(got) - len(x16)) <= 2
+    n = min(len(got), len(x16)) - 200
+    assert np.max(np.abs(got[100:n] - x16[100:n])) < 0.01
+
+
+def test_f32_declared_but_pcm16_sent_is_rejected():
+    data = (tone(16000) * 32767).astype("<i2").tobytes()
+    with pytest.raises(AudioFormatError):
+        PcmDecoder(PcmFormat(16000, "f32", 1)).feed(data)
+
+
+def test_pcm16_declared_but_f32_sent_is_rejected():
+    data = tone(16000).astype("<f4").tobytes()
+    assert looks_like_f32(data)
+    with pytest.raises(AudioFormatError):
+        PcmDecoder(PcmFormat(16000, "pcm16", 1)).feed(data)
+
+
+def test_real_pcm16_speech_is_not_mistaken_for_f32(audio_dir):
+    from audio.wav import read_mono
+
+    x, _ = read_mono(audio_dir / "en_librispeech_3752-4944-0000.wav")
+    data = (x * 32767).astype("<i2").tobytes()
+    for off in range(0, len(data) - 4096, 16000):
+        assert not looks_like_f32(data[off : off + 4096])
+
+
+def test_silence_is_accepted_in_both_formats():
+    for fmt, data in (("pcm16", bytes(3200)), ("f32", bytes(6400))):
+        assert len(PcmDecoder(PcmFormat(16000, fmt, 1)).feed(data)) == 1600
+
+
+@pytest.mark.parametrize("kw", [dict(sample_rate=7999), dict(channels=3), dict(format="mp3")])
+def test_bad_formats_raise(kw):
+    args = dict(sample_rate=16000, format="pcm16", channels=1) | kw
+    with pytest.raises(ValueError):
+        PcmFormat(**args)

@@ -1,0 +1,118 @@
+"""Test helpers: drive a real voxpipe server over WebSocket and collect what comes back."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+
+import jiwer
+import numpy as np
+from websockets.asyncio.client import connect
+
+from server.protocol import parse_audio_frame
+
+
+_NORMALIZER = None
+
+
+def normalize(text: str) -> str:
+    """Whisper's English text normalizer (case, punctuation, spelled-out numbers,
+    contractions), as shipped in transformers, so "forty-two" and "42" compare equal."""
+    global _NORMALIZER
+    if _NORMALIZER is None:
+        from transformers.models.whisper.english_normalizer import EnglishTextNormalizer
+
+        _NORMALIZER = EnglishTextNormalizer({})
+    return " ".join(_NORMALIZER(text).split())
+
+
+def wer(ref: str, hyp: str) -> float:
+    """Word error rate after :func:`normalize` (jiwer)."""
+    return jiwer.wer(normalize(ref), normalize(hyp))
+
+
+@dataclass
+class Conversation:
+    """Everything one connection received."""
+
+    events: list[dict] = field(default_factory=list)
+    audio: dict[int, list[bytes]] = field(default_factory=dict)
+
+    def of(self, kind: str) -> list[dict]:
+        return [e for e in self.events if e["type"] == kind]
+
+    def reply_audio(self, rid: int) -> np.ndarray:
+        raw = b"".join(self.audio.get(rid, []))
+        return np.frombuffer(raw, dtype="<i2").astype(np.float32) / 32768.0
+
+
+class Client:
+    """A raw protocol client: send anything, collect everything."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.conv = Conversation()
+        self._reader: asyncio.Task | None = None
+        self._new = asyncio.Event()
+
+    async def __aenter__(self) -> "Client":
+        self.ws = await connect(self.url, max_size=None)
+        self._reader = asyncio.create_task(self._read())
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self._reader.cancel()
+        await self.ws.close()
+
+    async def _read(self) -> None:
+        try:
+            async for msg in self.ws:
+                if isinstance(msg, bytes):
+                    rid, pcm = parse_audio_frame(msg)
+                    self.conv.audio.setdefault(rid, []).append(pcm)
+                else:
+                    self.conv.events.append(json.loads(msg))
+                self._new.set()
+        except Exception:  # noqa: BLE001 - closed by the server
+            self._new.set()
+
+    async def send_json(self, obj) -> None:
+        await self.ws.send(obj if isinstance(obj, str) else json.dumps(obj))
+
+    async def send_audio(self, data: bytes, chunk: int = 3200) -> None:
+        for i in range(0, len(data), chunk):
+            await self.ws.send(data[i : i + chunk])
+
+    async def wait_for(self, pred, timeout: float = 120.0) -> dict:
+        """Wait until an event satisfies ``pred`` (a type string or a callable)."""
+        check = (lambda e: e["type"] == pred) if isinstance(pred, str) else pred
+        seen = 0
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            for ev in self.conv.events[seen:]:
+                if check(ev):
+                    return ev
+            seen = len(self.conv.events)
+            self._new.clear()
+            left = deadline - loop.time()
+            if left <= 0:
+                raise TimeoutError(f"no matching event; got {[e['type'] for e in self.conv.events]}")
+            try:
+                await asyncio.wait_for(self._new.wait(), left)
+            except asyncio.TimeoutError:
+                pass
+
+    async def start(self, **fields) -> dict:
+        await self.send_json({"type": "session.start", **fields})
+        return await self.wait_for("session.started", 10)
+
+    async def turn(self, data: bytes, timeout: float = 120.0) -> dict:
+        """Send a whole utterance then ``input.end``; return ``response.done`` or ``turn.empty``."""
+        n = len(self.conv.events)
+        await self.send_audio(data)
+        await self.send_json({"type": "input.end"})
+        return await self.wait_for(
+            lambda e: e["type"] in ("response.done", "turn.empty") and self.conv.events.index(e) >= n, timeout
+        )
