@@ -54,6 +54,11 @@ class Endpointer:
         self._last_speech_end = 0
 
     @property
+    def pending_start(self) -> int | None:
+        """Start sample of speech being heard (confirmed or not yet), else None."""
+        return self._start
+
+    @property
     def in_speech(self) -> bool:
         """True between a confirmed :class:`SpeechStart` and its :class:`SpeechEnd`."""
         return self._confirmed

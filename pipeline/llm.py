@@ -1,4 +1,4 @@
-"""The LLM stage: one engine thread streams replies for every session.
+"""The LLM stage: one engine thread streams replies for every session, batched.
 
 Sessions :meth:`LlmEngine.submit` a :class:`GenRequest` and iterate the returned
 :class:`TokenStream` for text deltas; :meth:`TokenStream.abort` (disconnect, cancel,
@@ -14,8 +14,11 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from . import metrics
 from .config import LlmConfig
 from .detok import IncrementalDetokenizer
+from .runner import ModelRunner, SamplingParams
+from .scheduler import SchedRequest, Scheduler, SchedulerConfig, State
 from .worker import Busy
 
 logger = logging.getLogger(__name__)
@@ -37,6 +40,7 @@ class GenRequest:
     max_new_tokens: int = 96
     temperature: float = 0.0
     top_p: float = 1.0
+    seed: int = 0
     stop: list[str] = field(default_factory=list)
 
 
@@ -65,10 +69,13 @@ class TokenStream:
         self.aborted = threading.Event()
         self.stats = GenStats()
         self.submitted = time.perf_counter()
+        self._wake: threading.Event | None = None
 
     def abort(self) -> None:
         """Stop generating at the next token step (thread-safe, idempotent)."""
         self.aborted.set()
+        if self._wake is not None:
+            self._wake.set()
 
     def _put(self, item) -> None:  # called from the engine thread
         self._loop.call_soon_threadsafe(self._q.put_nowait, item)
@@ -86,38 +93,59 @@ class TokenStream:
 
 
 class LlmEngine:
-    """The process-wide LLM stage (one request decoded at a time).
+    """The process-wide LLM stage: continuous batching in one engine thread.
+
+    Each step the :class:`~pipeline.scheduler.Scheduler` plans who joins, decodes or
+    leaves; the :class:`~pipeline.runner.ModelRunner` executes the plan; the loop turns
+    sampled tokens into exact text deltas (stop strings applied) for each stream.
+    An aborted stream leaves the batch at the next step and its KV rows are freed.
 
     Args:
         llm: a :class:`pipeline.llm_loader.LoadedLLM`.
         cfg: queue size and defaults (see :class:`LlmConfig`).
+        sched: batching knobs (see :class:`SchedulerConfig`).
     """
 
-    def __init__(self, llm, cfg: LlmConfig) -> None:
+    def __init__(self, llm, cfg: LlmConfig, sched: SchedulerConfig | None = None) -> None:
         self.llm = llm
         self.cfg = cfg
         self.tokenizer = llm.tokenizer
-        self._queue: queue.Queue = queue.Queue(maxsize=cfg.queue_size)
-        self._thread: threading.Thread | None = None
-        self.active = 0
+        self.scheduler = Scheduler(sched or SchedulerConfig())
+        pad = self.tokenizer.pad_token_id
         eos = llm.model.generation_config.eos_token_id
-        self.eos_ids = set(eos if isinstance(eos, list) else [eos]) | {self.tokenizer.eos_token_id}
+        self.eos_ids = frozenset((eos if isinstance(eos, list) else [eos]) + [self.tokenizer.eos_token_id]) - {None}
+        self.runner = ModelRunner(llm.model, llm.device, pad if pad is not None else min(self.eos_ids))
+        self._inbox: queue.Queue = queue.Queue(maxsize=cfg.queue_size)
+        self._wake = threading.Event()
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        self._live: dict[int, _Live] = {}
+        self._next_rid = 0
+        self.steps = 0
+        self.batch_sizes: list[int] = []
 
     @property
     def depth(self) -> int:
-        """Requests waiting to start."""
-        return self._queue.qsize()
+        """Requests waiting to join the batch."""
+        return self._inbox.qsize() + len(self.scheduler.waiting)
+
+    @property
+    def active(self) -> int:
+        """Requests decoding in the batch right now."""
+        return len(self.scheduler.running)
 
     def start(self) -> None:
         """Start the engine thread (idempotent)."""
         if self._thread is None:
+            self._stop = False
             self._thread = threading.Thread(target=self._run, name="voxpipe-llm", daemon=True)
             self._thread.start()
 
     def stop(self) -> None:
-        """Stop the engine thread after the current request."""
+        """Stop the engine thread; unfinished streams end with ``abort``."""
         if self._thread is not None:
-            self._queue.put(None)
+            self._stop = True
+            self._wake.set()
             self._thread.join(timeout=30)
             self._thread = None
 
@@ -128,10 +156,12 @@ class LlmEngine:
             Busy: the queue is full.
         """
         stream = TokenStream(asyncio.get_running_loop())
+        stream._wake = self._wake
         try:
-            self._queue.put_nowait((req, stream))
+            self._inbox.put_nowait((req, stream))
         except queue.Full:
-            raise Busy(f"llm is busy: {self._queue.maxsize} requests already queued") from None
+            raise Busy(f"llm is busy: {self._inbox.maxsize} requests already queued") from None
+        self._wake.set()
         return stream
 
     def count_tokens(self, messages: list[dict]) -> int:
@@ -144,88 +174,120 @@ class LlmEngine:
             enc = enc["input_ids"]
         return list(enc)
 
+    # ---- engine thread ---------------------------------------------------------------
+
     def _run(self) -> None:
+        try:
+            while not self._stop:
+                self._admit()
+                self._reap_aborts()
+                plan = self.scheduler.schedule()
+                if plan.empty:
+                    idle = not self.scheduler.has_work()
+                    self._wake.wait(None if idle else (plan.wait_s or 0.001))
+                    self._wake.clear()
+                    continue
+                try:
+                    outputs = self.runner.execute(plan)
+                except Exception as exc:  # noqa: BLE001 - fail the batch, keep the engine
+                    logger.exception("llm step failed")
+                    self._fail_all(exc)
+                    continue
+                self.steps += 1
+                size = len(plan.decode) + len(plan.prefill)
+                metrics.LLM_BATCH.observe(size)
+                if len(self.batch_sizes) < 100_000:
+                    self.batch_sizes.append(size)
+                for req, tok in self.scheduler.update(plan, outputs):
+                    self._emit(req, tok)
+        finally:
+            for rid in list(self._live):
+                self._close(rid, "abort")
+
+    def _admit(self) -> None:
         while True:
-            job = self._queue.get()
-            if job is None:
+            try:
+                req, stream = self._inbox.get_nowait()
+            except queue.Empty:
                 return
-            req, stream = job
             if stream.aborted.is_set():
                 stream.stats.finish_reason = "abort"
                 stream._put(None)
                 continue
-            self.active = 1
             try:
-                self.generate(req, stream)
-                stream._put(None)
-            except Exception as exc:  # noqa: BLE001 - reported to this request only
-                logger.exception("llm request failed")
+                ids = self._prompt_ids(req.messages)
+            except Exception as exc:  # noqa: BLE001 - a bad prompt fails only itself
                 stream.stats.finish_reason = "error"
                 stream._put(exc)
-            finally:
-                self.active = 0
+                continue
+            self._next_rid += 1
+            rid = self._next_rid
+            stream.stats.prompt_tokens = len(ids)
+            self._live[rid] = _Live(req, stream, IncrementalDetokenizer(self.tokenizer))
+            self.runner.set_params(rid, SamplingParams(req.temperature, req.top_p, req.seed))
+            self.scheduler.add(SchedRequest(rid=rid, prompt_ids=ids, max_new_tokens=req.max_new_tokens,
+                                            eos_ids=self.eos_ids))
 
-    def generate(self, req: GenRequest, stream: TokenStream) -> None:
-        """Decode one request token by token, pushing deltas to ``stream`` (engine thread)."""
-        import torch
-        from transformers import DynamicCache
+    def _reap_aborts(self) -> None:
+        for rid, live in list(self._live.items()):
+            if live.stream.aborted.is_set():
+                self.scheduler.abort(rid)
+                self.runner.params.pop(rid, None)
+                self._close(rid, "abort")
 
-        model, dev = self.llm.model, self.llm.device
-        ids = self._prompt_ids(req.messages)
-        stream.stats.prompt_tokens = len(ids)
-        detok = IncrementalDetokenizer(self.tokenizer)
-        text = ""
-        gen = torch.Generator(device="cpu").manual_seed(0)
-        with torch.inference_mode():
-            cache = DynamicCache(config=model.config)
-            inp = torch.tensor([ids], device=dev)
-            t_first = None
-            for step in range(req.max_new_tokens):
-                if stream.aborted.is_set():
-                    stream.stats.finish_reason = "abort"
-                    return
-                logits = model(input_ids=inp, cache=cache, use_cache=True).logits[0, -1].float()
-                tok = sample(logits, req.temperature, req.top_p, gen)
-                now = time.perf_counter()
-                if t_first is None:
-                    t_first = now
-                    stream.stats.ttft_ms = (now - stream.submitted) * 1000
-                stream.stats.output_tokens = step + 1
-                if tok in self.eos_ids:
-                    stream.stats.finish_reason = "stop"
-                    break
-                delta = detok.add(tok)
+    def _emit(self, req: SchedRequest, tok: int | None) -> None:
+        live = self._live.get(req.rid)
+        if live is None:
+            return
+        st = live.stream.stats
+        now = time.perf_counter()
+        if live.t_first is None:
+            live.t_first = now
+            st.ttft_ms = (now - live.stream.submitted) * 1000
+        st.output_tokens = len(req.output_ids) + (1 if tok is None else 0)
+        if tok is not None:
+            delta = live.detok.add(tok)
+            if delta:
+                live.text, delta, stopped = apply_stop(live.text, delta, live.req.stop)
                 if delta:
-                    text, delta, stopped = apply_stop(text, delta, req.stop)
-                    if delta:
-                        stream._put(delta)
-                    if stopped:
-                        stream.stats.finish_reason = "stop"
-                        break
-                inp = torch.tensor([[tok]], device=dev)
-            else:
-                stream.stats.finish_reason = "length"
-            tail = detok.flush()
-            if tail and stream.stats.finish_reason != "stop":
-                stream._put(tail)
-            if t_first is not None and stream.stats.output_tokens > 1:
-                stream.stats.tpot_ms = (time.perf_counter() - t_first) * 1000 / (stream.stats.output_tokens - 1)
+                    live.stream._put(delta)
+                if stopped:
+                    self.scheduler.finish(req.rid, "stop")
+                    self._close(req.rid, "stop", flush=False)
+                    return
+        if req.state is State.FINISHED:
+            self._close(req.rid, req.finish_reason or "stop")
+
+    def _close(self, rid: int, reason: str, *, flush: bool = True) -> None:
+        live = self._live.pop(rid, None)
+        if live is None:
+            return
+        st = live.stream.stats
+        if flush and reason != "abort":
+            tail = live.detok.flush()
+            if tail:
+                live.stream._put(tail)
+        st.finish_reason = reason
+        if live.t_first is not None and st.output_tokens > 1:
+            st.tpot_ms = (time.perf_counter() - live.t_first) * 1000 / (st.output_tokens - 1)
+        live.stream._put(None)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        for rid in list(self._live):
+            live = self._live.pop(rid)
+            self.scheduler.abort(rid)
+            live.stream.stats.finish_reason = "error"
+            live.stream._put(exc)
+        self.runner.reset()
 
 
-def sample(logits, temperature: float, top_p: float, gen) -> int:
-    """Pick the next token from logits (float32, shape (vocab,)): greedy when
-    ``temperature`` is 0, else temperature + nucleus (top-p) sampling (Holtzman et al. 2020)."""
-    import torch
-
-    if temperature <= 0:
-        return int(torch.argmax(logits))
-    probs = torch.softmax(logits / temperature, dim=-1)
-    if top_p < 1.0:
-        sorted_p, idx = torch.sort(probs, descending=True)
-        keep = torch.cumsum(sorted_p, 0) - sorted_p < top_p
-        sorted_p = sorted_p * keep
-        return int(idx[torch.multinomial(sorted_p / sorted_p.sum(), 1, generator=gen)])
-    return int(torch.multinomial(probs, 1, generator=gen))
+@dataclass(slots=True)
+class _Live:
+    req: GenRequest
+    stream: TokenStream
+    detok: IncrementalDetokenizer
+    text: str = ""
+    t_first: float | None = None
 
 
 def apply_stop(text: str, delta: str, stops: list[str]) -> tuple[str, str, bool]:

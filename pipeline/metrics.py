@@ -22,6 +22,9 @@ VOICE_TO_VOICE = Histogram("voxpipe_voice_to_voice_seconds", "end of user speech
                            buckets=_LAT, registry=REGISTRY)
 SESSIONS = Gauge("voxpipe_sessions", "open sessions", registry=REGISTRY)
 ERRORS = Counter("voxpipe_client_errors_total", "error events sent to clients", ["code"], registry=REGISTRY)
+LLM_RUNNING = Gauge("voxpipe_llm_running", "LLM requests decoding in the batch", registry=REGISTRY)
+LLM_BATCH = Histogram("voxpipe_llm_batch_size", "requests per LLM decode step",
+                      buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32), registry=REGISTRY)
 QUEUE_DEPTH = Gauge("voxpipe_queue_depth", "requests waiting per stage", ["stage"], registry=REGISTRY)
 RSS_BYTES = Gauge("voxpipe_process_rss_bytes", "resident memory of the server process", registry=REGISTRY)
 
@@ -31,6 +34,7 @@ def render(engines=None) -> bytes:
     if engines is not None:
         for stage, depth in engines.queue_depths().items():
             QUEUE_DEPTH.labels(stage).set(depth)
+        LLM_RUNNING.set(engines.llm.active)
     try:
         import resource
 

@@ -169,8 +169,12 @@ class Session:
                 silence_s = (self._pos - ev.end) / RATE if ev.reason == "silence" else 0.0
                 await self._end_of_speech(ev, t_end=time.perf_counter() - silence_s)
         if not self._endpointer.in_speech:
-            keep_from = self._pos - RATE  # 1 s of pre-roll for the next turn
-            if self._last_turn and self._pos - self._last_turn[1] <= self._merge_window():
+            # Keep 1 s of pre-roll, any speech not yet confirmed, and the last turn while
+            # speech that starts now could still continue it.
+            pending = self._endpointer.pending_start
+            keep_from = self._pos - RATE if pending is None else min(self._pos - RATE, pending - self._pad())
+            ref = self._pos if pending is None else pending
+            if self._last_turn and ref - self._last_turn[1] <= self._merge_window():
                 keep_from = min(keep_from, self._last_turn[0] - self._pad())
             self._trim(keep_from)
 

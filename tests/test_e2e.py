@@ -194,3 +194,25 @@ async def test_healthz_and_metrics(server):
     with urllib.request.urlopen(server["http"] + "/metrics") as r:
         body = r.read().decode()
     assert "voxpipe_llm_ttft_seconds" in body and "voxpipe_queue_depth" in body
+
+
+async def test_pause_mid_thought_gives_one_reply_to_the_whole_utterance(server, audio_dir, manifest):
+    """A 1.8 s pause (inside the 2 s merge window, longer than the 500 ms endpoint): the
+    first reply is cancelled and the whole utterance is answered (the audio from before
+    the pause must survive buffer trimming while the resumed speech is being confirmed)."""
+    x = clip16k(audio_dir, JFK)
+    cut = int(2.7 * 16000)  # inside JFK's pause after "Americans"
+    gap = np.zeros(int(0.7 * 16000), np.float32)  # JFK's 1.05 s pause becomes ~1.75 s
+    x = np.concatenate([x[:cut], gap, x[cut:]])
+    async with Client(server["url"]) as c:
+        await c.start(sample_rate=16000)
+        n = len(c.conv.events)
+        # real-time pace matters here: the merge happens while the first reply is pending
+        for i in range(0, len(x), 1600):
+            await c.ws.send(pcm16(x[i : i + 1600]))
+            await __import__("asyncio").sleep(0.1)
+        await c.send_json({"type": "input.end"})
+        ref = manifest[JFK]["reference_transcript"]
+        whole = await c.wait_for(lambda e: e["type"] == "response.started" and wer(ref, e["user_text"]) <= 0.15, 60)
+        done = await c.wait_for(lambda e: e["type"] == "response.done" and e["response_id"] == whole["response_id"], 60)
+        assert done["text"]

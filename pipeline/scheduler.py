@@ -1,0 +1,180 @@
+"""Iteration-level (continuous) batching scheduler: pure bookkeeping, no tensors.
+
+Modelled on vLLM v1's scheduler (vllm/v1/core/sched/scheduler.py): ``add`` and
+``abort`` change request states, ``schedule()`` returns a :class:`StepPlan` saying which
+requests join (prefill), keep decoding, or leave the batch at this token step, and
+``update(plan, outputs)`` records the sampled tokens and finishes requests. The model
+runner executes plans; one small engine loop glues the two (see ``pipeline.llm``).
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+
+class State(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(slots=True, kw_only=True)
+class SchedulerConfig:
+    """Batching knobs.
+
+    Attributes:
+        max_batch_size: most requests decoding together (8).
+        max_wait_ms: how long a lone request waits for company before the batch starts
+            (20 ms); requests arriving while a batch runs join at the next step anyway.
+        max_prefill_tokens: token budget for prompts prefilled in one step (2048), so a
+            burst of long prompts cannot stall running requests for long.
+        max_kv_tokens: KV-cache budget in tokens over the batch, each request counted as
+            prompt + max_new_tokens (16384); a request that would exceed it waits.
+        static: static batching for comparison — start only with a full batch (or
+            after ``max_wait_ms``) and admit nobody until the batch has drained.
+    """
+
+    max_batch_size: int = 8
+    max_wait_ms: float = 20.0
+    max_prefill_tokens: int = 2048
+    max_kv_tokens: int = 16384
+    static: bool = False
+
+
+@dataclass(slots=True, eq=False)
+class SchedRequest:
+    """One generation request as the scheduler sees it.
+
+    Attributes:
+        rid: unique id.
+        prompt_ids: prompt token ids.
+        max_new_tokens: most tokens to generate.
+        eos_ids: token ids that end the request (not part of the output).
+        arrival: ``time.monotonic()`` when added.
+        output_ids: generated tokens so far.
+    """
+
+    rid: int
+    prompt_ids: list[int]
+    max_new_tokens: int
+    eos_ids: frozenset[int] = frozenset()
+    arrival: float = field(default_factory=time.monotonic)
+    output_ids: list[int] = field(default_factory=list)
+    state: State = State.WAITING
+    finish_reason: str | None = None
+
+    @property
+    def kv_tokens(self) -> int:
+        """Worst-case KV-cache tokens this request can hold."""
+        return len(self.prompt_ids) + self.max_new_tokens
+
+
+@dataclass(slots=True)
+class StepPlan:
+    """What the model runner does in one step.
+
+    Attributes:
+        prefill: requests joining the batch (prefill their prompt, sample a first token).
+        decode: running requests that decode one token.
+        evict: ids of requests whose rows leave the batch before this step.
+        wait_s: when nothing is planned, how long the engine may sleep before asking again.
+    """
+
+    prefill: list[SchedRequest] = field(default_factory=list)
+    decode: list[SchedRequest] = field(default_factory=list)
+    evict: list[int] = field(default_factory=list)
+    wait_s: float | None = None
+
+    @property
+    def empty(self) -> bool:
+        return not (self.prefill or self.decode or self.evict)
+
+
+class Scheduler:
+    """Decides, at every token step, who runs (see module docstring)."""
+
+    def __init__(self, cfg: SchedulerConfig) -> None:
+        self.cfg = cfg
+        self.waiting: deque[SchedRequest] = deque()
+        self.running: list[SchedRequest] = []
+        self._leaving: list[int] = []  # rows to evict at the next step
+        self.requests: dict[int, SchedRequest] = {}
+
+    def add(self, req: SchedRequest) -> None:
+        """Queue a new request."""
+        self.requests[req.rid] = req
+        self.waiting.append(req)
+
+    def abort(self, rid: int) -> SchedRequest | None:
+        """Abort a request; a running one leaves the batch at the next step."""
+        return self.finish(rid, "abort")
+
+    def finish(self, rid: int, reason: str) -> SchedRequest | None:
+        """Finish a request from outside (abort, stop string); idempotent."""
+        req = self.requests.pop(rid, None)
+        if req is None:
+            return None
+        if req.state is State.WAITING:
+            self.waiting.remove(req)
+        elif req.state is State.RUNNING:
+            self.running.remove(req)
+            self._leaving.append(rid)
+        req.state, req.finish_reason = State.FINISHED, reason
+        return req
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self._leaving)
+
+    def schedule(self, now: float | None = None) -> StepPlan:
+        """Plan the next step (see :class:`StepPlan`)."""
+        now = time.monotonic() if now is None else now
+        c = self.cfg
+        plan = StepPlan(decode=list(self.running), evict=self._leaving)
+        self._leaving = []
+        if not self.waiting or (c.static and self.running):
+            return plan
+        if not self.running and len(self.waiting) < c.max_batch_size:
+            waited = now - self.waiting[0].arrival
+            if waited * 1000 < c.max_wait_ms:  # hold a lone request briefly for company
+                plan.wait_s = c.max_wait_ms / 1000 - waited
+                return plan
+        kv = sum(r.kv_tokens for r in self.running)
+        prefill_tokens = 0
+        while self.waiting and len(self.running) + len(plan.prefill) < c.max_batch_size:
+            req = self.waiting[0]
+            n = len(req.prompt_ids)
+            first = not plan.prefill and not self.running
+            if not first and (prefill_tokens + n > c.max_prefill_tokens or kv + req.kv_tokens > c.max_kv_tokens):
+                break  # budgets: it joins at a later step (a lone request always runs)
+            self.waiting.popleft()
+            req.state = State.RUNNING
+            plan.prefill.append(req)
+            prefill_tokens += n
+            kv += req.kv_tokens
+        self.running.extend(plan.prefill)
+        return plan
+
+    def update(self, plan: StepPlan, outputs: dict[int, int]) -> list[tuple[SchedRequest, int | None]]:
+        """Record sampled tokens (``rid -> token id``) of the planned requests.
+
+        Returns ``(request, token)`` pairs in plan order; ``token`` is None when the
+        token was an end-of-sequence id. Requests that hit EOS or ``max_new_tokens``
+        are finished and leave the batch at the next step.
+        """
+        out: list[tuple[SchedRequest, int | None]] = []
+        for req in plan.decode + plan.prefill:
+            if req.state is not State.RUNNING or req.rid not in outputs:
+                continue  # finished from outside during this step
+            tok = outputs[req.rid]
+            if tok in req.eos_ids:
+                self.finish(req.rid, "stop")
+                out.append((req, None))
+                continue
+            req.output_ids.append(tok)
+            out.append((req, tok))
+            if len(req.output_ids) >= req.max_new_tokens:
+                self.finish(req.rid, "length")
+        return out

@@ -1,0 +1,161 @@
+"""Continuous batching: scheduler bookkeeping (no model) and token identity (tiny model)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pipeline.runner import ModelRunner
+from pipeline.scheduler import SchedRequest, Scheduler, SchedulerConfig, State
+
+
+def req(rid, n_prompt=4, max_new=3, arrival=0.0, eos=()):
+    return SchedRequest(rid=rid, prompt_ids=list(range(1, n_prompt + 1)), max_new_tokens=max_new,
+                        eos_ids=frozenset(eos), arrival=arrival)
+
+
+# ---- scheduler with hand-made outputs -------------------------------------------------
+
+
+def test_lone_request_waits_for_company_then_runs():
+    s = Scheduler(SchedulerConfig(max_batch_size=4, max_wait_ms=50))
+    s.add(req(1, arrival=0.0))
+    plan = s.schedule(now=0.01)
+    assert plan.empty and plan.wait_s == pytest.approx(0.04)
+    s.add(req(2, arrival=0.02))
+    plan = s.schedule(now=0.06)
+    assert [r.rid for r in plan.prefill] == [1, 2] and plan.decode == []
+
+
+def test_join_at_next_step_and_leave_on_finish():
+    s = Scheduler(SchedulerConfig(max_batch_size=4, max_wait_ms=0))
+    s.add(req(1, max_new=2))
+    p1 = s.schedule(now=1)
+    assert [r.rid for r in p1.prefill] == [1]
+    s.update(p1, {1: 10})
+    s.add(req(2, max_new=5, arrival=1))
+    p2 = s.schedule(now=2)  # 2 joins while 1 decodes
+    assert [r.rid for r in p2.decode] == [1] and [r.rid for r in p2.prefill] == [2]
+    s.update(p2, {1: 11, 2: 20})
+    assert s.requests.get(1) is None  # finished by length
+    p3 = s.schedule(now=3)
+    assert p3.evict == [1] and [r.rid for r in p3.decode] == [2]
+
+
+def test_eos_finishes_without_output_token():
+    s = Scheduler(SchedulerConfig(max_wait_ms=0))
+    r = req(1, max_new=10, eos={0})
+    s.add(r)
+    p = s.schedule(now=1)
+    out = s.update(p, {1: 0})
+    assert out == [(r, None)] and r.state is State.FINISHED and r.finish_reason == "stop" and r.output_ids == []
+
+
+def test_abort_running_frees_row_next_step_and_waiting_immediately():
+    s = Scheduler(SchedulerConfig(max_batch_size=1, max_wait_ms=0))
+    s.add(req(1, max_new=100))
+    s.add(req(2, max_new=100))
+    p = s.schedule(now=1)
+    s.update(p, {1: 5})
+    s.abort(2)  # waiting: gone at once
+    assert not s.waiting
+    s.abort(1)
+    p = s.schedule(now=2)
+    assert p.evict == [1] and p.decode == [] and not s.running
+    assert s.abort(1) is None  # idempotent
+
+
+def test_max_batch_size_and_prefill_budget():
+    s = Scheduler(SchedulerConfig(max_batch_size=3, max_wait_ms=0, max_prefill_tokens=10))
+    for i in range(5):
+        s.add(req(i, n_prompt=4))
+    p = s.schedule(now=1)
+    assert len(p.prefill) == 2  # 3 would need 12 prefill tokens
+    s.update(p, {0: 1, 1: 1})
+    p = s.schedule(now=2)
+    assert len(p.prefill) == 1 and len(p.decode) == 2  # batch full at 3
+
+
+def test_kv_budget_holds_requests_back():
+    s = Scheduler(SchedulerConfig(max_batch_size=8, max_wait_ms=0, max_kv_tokens=20))
+    s.add(req(1, n_prompt=4, max_new=8))
+    s.add(req(2, n_prompt=4, max_new=8))
+    p = s.schedule(now=1)
+    assert len(p.prefill) == 1 and len(s.waiting) == 1
+
+
+def test_static_batching_admits_nobody_while_running():
+    s = Scheduler(SchedulerConfig(max_batch_size=2, max_wait_ms=1000, static=True))
+    s.add(req(1, max_new=3, arrival=0))
+    s.add(req(2, max_new=3, arrival=0))
+    p = s.schedule(now=0.001)
+    assert len(p.prefill) == 2
+    s.update(p, {1: 1, 2: 1})
+    s.add(req(3, arrival=0.002))
+    p = s.schedule(now=0.003)
+    assert p.prefill == [] and len(p.decode) == 2
+
+
+# ---- token identity with a tiny random Llama in fp32 -----------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    return LlamaForCausalLM(cfg).eval().float()
+
+
+def run(model, specs, max_batch=8):
+    """specs: list of (arrival_step, prompt_ids, max_new). Returns rid -> output ids."""
+    sched = Scheduler(SchedulerConfig(max_batch_size=max_batch, max_wait_ms=0))
+    runner = ModelRunner(model, torch.device("cpu"), pad_id=0)
+    pending = sorted(enumerate(specs), key=lambda x: x[1][0])
+    reqs, step = {}, 0
+    while pending or sched.has_work():
+        while pending and pending[0][1][0] <= step:
+            rid, (_, prompt, n) = pending.pop(0)
+            reqs[rid] = SchedRequest(rid=rid, prompt_ids=prompt, max_new_tokens=n, arrival=0)
+            sched.add(reqs[rid])
+        plan = sched.schedule(now=1e9)
+        if not plan.empty:
+            sched.update(plan, runner.execute(plan))
+        step += 1
+    return {rid: r.output_ids for rid, r in reqs.items()}
+
+
+def test_continuous_batching_is_token_identical_to_alone(tiny_model):
+    g = torch.Generator().manual_seed(1)
+    specs = []
+    for i in range(7):
+        n_prompt = int(torch.randint(3, 40, (1,), generator=g))
+        prompt = torch.randint(1, 256, (n_prompt,), generator=g).tolist()
+        specs.append((i * 3, prompt, int(torch.randint(5, 30, (1,), generator=g))))
+    together = run(tiny_model, specs, max_batch=4)
+    for rid, spec in enumerate(specs):
+        alone = run(tiny_model, [(0, spec[1], spec[2])])[0]
+        assert together[rid] == alone, f"request {rid} differs"
+    # and against transformers' own greedy generate
+    prompt, n = specs[0][1], specs[0][2]
+    ref = tiny_model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, min_new_tokens=n)
+    assert together[0] == ref[0, len(prompt):].tolist()
+
+
+def test_runner_frees_rows_and_trims_padding(tiny_model):
+    sched = Scheduler(SchedulerConfig(max_batch_size=4, max_wait_ms=0))
+    runner = ModelRunner(tiny_model, torch.device("cpu"), pad_id=0)
+    sched.add(SchedRequest(rid=1, prompt_ids=list(range(1, 60)), max_new_tokens=50))
+    sched.add(SchedRequest(rid=2, prompt_ids=[5, 6, 7], max_new_tokens=50))
+    plan = sched.schedule(now=1e9)
+    sched.update(plan, runner.execute(plan))
+    assert runner.batch_size == 2 and runner.kv_columns == 59
+    sched.abort(1)
+    plan = sched.schedule(now=1e9)
+    sched.update(plan, runner.execute(plan))
+    assert runner.batch_size == 1 and runner.kv_columns == 3 + 1  # long row gone, padding trimmed
+    sched.abort(2)
+    runner.execute(sched.schedule(now=1e9))
+    assert runner.batch_size == 0 and runner.cache is None

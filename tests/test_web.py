@@ -1,0 +1,173 @@
+"""The browser demo (web/) in a real headless Chromium against a real server.
+
+Chromium's fake microphone plays a WAV file (the JFK clip with silence around it), the
+page captures it with an AudioWorklet and streams f32 at the AudioContext rate; the test
+reads the page's state from ``window.voxpipe``.
+
+Needs Debian's ``chromium`` (``apt-get install chromium``) and the ``playwright`` Python
+package (no ``playwright install``: the system browser is used).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from tests.wsclient import wer
+
+CHROMIUM = os.environ.get("VOXPIPE_CHROMIUM", "/usr/bin/chromium")
+JFK = "en_jfk_inaugural_1961.wav"
+LEAD_S, TAIL_S = 0.5, 3.5  # silence before and after the clip in the fake microphone
+SCREENSHOT = "/tmp/voxpipe_web.png"
+
+pytestmark = pytest.mark.slow
+
+# Page-side helpers (evaluated in the browser).
+LAST_RID = "Math.max(0, ...window.voxpipe.events.filter(e => e.type === 'response.started').map(e => e.response_id))"
+REPLY_SETTLED = f"""(after) => {{
+  const rid = {LAST_RID};
+  const r = window.voxpipe.responses[rid];
+  return rid > after && r && (r.done || r.cancelled) ? rid : null;
+}}"""
+REPLY_DONE = f"""() => {{
+  const rid = {LAST_RID};
+  const r = window.voxpipe.responses[rid];
+  return r && r.done ? rid : null;
+}}"""  # replies cancelled along the way (a turn the speaker went on with) are skipped
+
+
+def fake_mic_wav(audio_dir: Path, out: Path) -> float:
+    """Write the clip as 16-bit PCM mono with silence around it; returns its length (s)."""
+    x, sr = sf.read(audio_dir / JFK, dtype="float32", always_2d=True)
+    x = x.mean(axis=1)
+    x = np.concatenate([np.zeros(int(LEAD_S * sr), np.float32), x, np.zeros(int(TAIL_S * sr), np.float32)])
+    sf.write(out, x, sr, subtype="PCM_16")
+    return len(x) / sr
+
+
+@pytest.fixture
+def browser(tmp_path, audio_dir):
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"Chromium not found at {CHROMIUM}: apt-get install chromium (or set VOXPIPE_CHROMIUM)")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.fail("the playwright Python package is missing: pip install playwright")
+    wav = tmp_path / "mic.wav"
+    duration = fake_mic_wav(audio_dir, wav)
+    args = [
+        "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync",
+        "--autoplay-policy=no-user-gesture-required",
+        "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
+        f"--use-file-for-fake-audio-capture={wav}%noloop",  # play once, then silence
+    ]
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=args)
+        try:
+            yield b, duration
+        finally:
+            b.close()
+
+
+def wait(page, expr: str, arg=None, timeout_s: float = 60, what: str = ""):
+    """``page.wait_for_function`` with a failure message that shows the page's events."""
+    from playwright.sync_api import TimeoutError as PwTimeout
+
+    try:
+        return page.wait_for_function(expr, arg=arg, timeout=timeout_s * 1000, polling=100).json_value()
+    except PwTimeout:
+        events = page.evaluate("window.voxpipe.events.filter(e => e.type !== 'response.text.delta')")
+        pytest.fail(f"timed out after {timeout_s} s waiting for {what or expr}; events: {events}")
+
+
+def test_browser_voice_turn_text_turn_and_cancel(browser, server, manifest):
+    b, mic_s = browser
+    ctx = b.new_context(viewport={"width": 900, "height": 1000})
+    page = ctx.new_page()
+    page_errors: list[str] = []
+    page.on("pageerror", lambda e: page_errors.append(str(e)))
+    page.on("console", lambda m: page_errors.append(f"{m.text} {m.location}") if m.type == "error" else None)
+    page.on("response", lambda r: page_errors.append(f"HTTP {r.status} {r.url}") if r.status >= 400 else None)
+    t0 = time.monotonic()
+    page.goto(server["http"] + "/")
+    assert page.title() == "voxpipe voice demo"
+
+    # ---- spoken turn: Start, let the fake microphone play the clip, Stop ----
+    page.click("#start")
+    wait(page, "window.voxpipe.micActive", timeout_s=20, what="the microphone to start")
+    vp = page.evaluate("window.voxpipe")
+    rate = vp["sampleRate"]
+    assert 8000 <= rate <= 48000
+    assert vp["declared"] == {"type": "session.start", "sample_rate": rate, "format": "f32",
+                              "channels": 1, "output_sample_rate": rate}
+    started = [e for e in vp["events"] if e["type"] == "session.started"][0]
+    assert started["input"] == {"sample_rate": rate, "format": "f32", "channels": 1}
+    assert started["output"]["sample_rate"] == rate
+
+    # The whole file (clip + trailing silence) has been captured and sent.
+    wait(page, "(s) => window.voxpipe.samplesSent >= s * window.voxpipe.sampleRate", arg=mic_s,
+         timeout_s=mic_s + 30, what="the fake microphone's audio to be sent")
+    page.click("#stop")  # input.end: the turn is over (nothing should be pending by now)
+    wait(page, "!window.voxpipe.micActive", timeout_s=5, what="the microphone to stop")
+    rid = wait(page, REPLY_DONE, timeout_s=120, what="the reply to the spoken turn")
+
+    vp = page.evaluate("window.voxpipe")
+    kinds = [e["type"] for e in vp["events"]]
+    assert "speech.started" in kinds and "speech.stopped" in kinds, kinds
+    assert any(e["type"] == "input.end" for e in vp["sent"])
+    # 20 ms messages: frames sent ≈ samples / (rate / 50)
+    assert vp["audioFramesSent"] >= mic_s * 40, vp["audioFramesSent"]
+    final = [e for e in vp["events"] if e["type"] == "transcript.final"][-1]["text"]
+    ref = manifest[JFK]["reference_transcript"]
+    assert "ask not what your country" in final.lower() or wer(ref, final) <= 0.3, final
+    reply = vp["responses"][str(rid)]
+    assert wer(ref, reply["userText"]) <= 0.3, reply["userText"]
+    assert reply["text"].strip() and reply["text"] == reply["done"]["text"]
+    assert reply["frames"] > 0 and reply["samples"] / rate >= 0.5, reply
+    assert abs(reply["samples"] / rate - reply["done"]["audio_s"]) < 0.1
+    assert page.locator(".msg.assistant").last.locator(".text").inner_text().strip() == reply["text"].strip()
+    assert "voice→voice" in page.locator(".msg.assistant").last.locator(".meta").inner_text()
+
+    # ---- typed turn ----
+    page.fill("#text", "Say hello in five words.")
+    page.click("#send")
+    rid2 = wait(page, REPLY_SETTLED, arg=rid, timeout_s=90, what="the reply to the typed turn")
+    r2 = page.evaluate(f"window.voxpipe.responses[{rid2}]")
+    assert r2["done"] and r2["text"].strip() and r2["userText"] == "Say hello in five words."
+    assert r2["frames"] > 0
+
+    # ---- cancel a reply while it is being written ----
+    page.fill("#text", "Tell me a long story about a lighthouse keeper and the sea.")
+    page.click("#send")
+    rid3 = wait(page, f"""() => {{
+        const rid = {LAST_RID};
+        const r = window.voxpipe.responses[rid];
+        return rid > {rid2} && r && (r.text || r.done) ? rid : null;
+    }}""", timeout_s=60, what="the third reply to begin")
+    page.click("#cancel")
+    wait(page, REPLY_SETTLED, arg=rid2, timeout_s=30, what="the third reply to end")
+    r3 = page.evaluate(f"window.voxpipe.responses[{rid3}]")
+    if r3["done"] is None:  # not finished before the click: the server cancelled it
+        assert r3["cancelled"]
+        assert page.locator(".msg.assistant.cancelled").count() >= 1
+    assert any(e["type"] == "response.cancel" for e in page.evaluate("window.voxpipe.sent"))
+    page.wait_for_timeout(500)  # frames still in flight must be dropped, not played
+    frames_after = page.evaluate(f"window.voxpipe.responses[{rid3}].frames")
+    page.wait_for_timeout(1000)
+    assert page.evaluate(f"window.voxpipe.responses[{rid3}].frames") == frames_after, "audio after cancel"
+
+    vp = page.evaluate("window.voxpipe")
+    errors = [e for e in vp["events"] if e["type"] == "error"]
+    assert not errors, errors
+    assert vp["status"].startswith("connected"), vp["status"]
+    assert not page_errors, page_errors
+    page.screenshot(path=SCREENSHOT, full_page=True)
+    print(f"browser test took {time.monotonic() - t0:.1f} s; sample rate {rate}; transcript {final!r}; "
+          f"playback underruns {vp['underruns']}")
+    ctx.close()

@@ -1,0 +1,413 @@
+// voxpipe browser demo: microphone → WebSocket (f32 at the AudioContext rate),
+// reply text and PCM16 reply audio back. Protocol: docs/PROTOCOL.md.
+"use strict";
+
+(() => {
+  const BATCH_MS = 20; // audio per binary message
+  const PLAYBACK_LEAD_S = 0.06; // head start for the first chunk of a reply
+  const $ = (id) => document.getElementById(id);
+
+  // State a test (or a curious user in the console) can read.
+  const vp = (window.voxpipe = {
+    status: "disconnected",
+    sampleRate: null, // AudioContext rate: declared input rate and output_sample_rate
+    declared: null, // the last session.start sent
+    events: [], // every JSON event from the server, in order
+    sent: [], // every JSON event sent to the server
+    micActive: false,
+    audioFramesSent: 0,
+    samplesSent: 0,
+    audioFramesReceived: 0,
+    audioSamplesReceived: 0,
+    audioFramesDropped: 0, // frames of cancelled replies, not played
+    underruns: 0, // reply chunks that arrived after the previous one had finished playing
+    responses: {}, // response_id -> {userText, text, frames, samples, done, cancelled}
+    replyText: "", // text of the latest reply so far
+  });
+
+  let ctx = null; // AudioContext (one per page)
+  let workletLoaded = null; // promise of ctx.audioWorklet.addModule
+  let ws = null;
+  let connecting = null; // promise resolved on session.started
+  let mic = null; // {stream, source, node}
+  let activeRid = null; // reply in progress (started, not done or cancelled)
+  let lastUser = null; // {el, spoken} of the latest user turn
+  const views = new Map(); // response id -> {el: reply bubble, user: its user turn}
+  const cancelRequested = new Set(); // response ids the user cancelled
+
+  // ---- UI helpers --------------------------------------------------------------
+
+  function setStatus(state, text) {
+    vp.status = text;
+    $("status").dataset.state = state;
+    $("status").textContent = text;
+  }
+
+  function setSpeech(state, text) {
+    $("speech").dataset.state = state;
+    $("speech").textContent = text;
+  }
+
+  function log(text, cls = "") {
+    const li = document.createElement("li");
+    li.textContent = `${new Date().toLocaleTimeString()}  ${text}`;
+    if (cls) li.className = cls;
+    const box = $("log");
+    box.appendChild(li);
+    while (box.children.length > 300) box.removeChild(box.firstChild);
+    box.scrollTop = box.scrollHeight;
+  }
+
+  function bubble(role, text) {
+    const div = document.createElement("div");
+    div.className = `msg ${role}`;
+    const body = document.createElement("span");
+    body.className = "text";
+    body.textContent = text;
+    const meta = document.createElement("span");
+    meta.className = "meta";
+    div.append(body, meta);
+    $("conversation").appendChild(div);
+    div.scrollIntoView({ block: "end" });
+    return div;
+  }
+
+  function refreshButtons() {
+    const open = ws && ws.readyState === WebSocket.OPEN;
+    $("start").disabled = !!mic || !!connecting;
+    $("stop").disabled = !mic;
+    $("cancel").disabled = !open;
+  }
+
+  // ---- audio context -----------------------------------------------------------
+
+  // Must run inside a user gesture (click) so the context may play sound.
+  function ensureContext() {
+    if (!ctx) {
+      ctx = new AudioContext({ latencyHint: "interactive" });
+      if (ctx.sampleRate < 8000 || ctx.sampleRate > 48000) {
+        ctx.close(); // the protocol takes 8–48 kHz
+        ctx = new AudioContext({ latencyHint: "interactive", sampleRate: 48000 });
+      }
+      vp.sampleRate = ctx.sampleRate;
+      workletLoaded = ctx.audioWorklet.addModule("capture-worklet.js");
+    }
+    return ctx.resume();
+  }
+
+  // ---- WebSocket -----------------------------------------------------------------
+
+  function send(obj) {
+    if (!ws || ws.readyState !== WebSocket.OPEN) {
+      log(`not connected: ${obj.type} not sent`, "error");
+      return false;
+    }
+    ws.send(JSON.stringify(obj));
+    vp.sent.push(obj);
+    log(`→ ${obj.type}${obj.text ? `: ${obj.text}` : ""}`, "out");
+    return true;
+  }
+
+  function connect() {
+    if (ws && ws.readyState === WebSocket.OPEN) return Promise.resolve();
+    if (connecting) return connecting;
+    const url = `${location.protocol === "https:" ? "wss:" : "ws:"}//${location.host}/ws`;
+    setStatus("connecting", "connecting…");
+    connecting = new Promise((resolve, reject) => {
+      ws = new WebSocket(url);
+      ws.binaryType = "arraybuffer";
+      ws.onopen = () => {
+        vp.declared = {
+          type: "session.start",
+          sample_rate: ctx.sampleRate,
+          format: "f32",
+          channels: 1,
+          output_sample_rate: ctx.sampleRate, // play replies without resampling
+        };
+        send(vp.declared);
+      };
+      ws.onmessage = (e) => {
+        if (typeof e.data === "string") {
+          const ev = JSON.parse(e.data);
+          onEvent(ev);
+          if (ev.type === "session.started") resolve();
+          else if (ev.type === "error" && ev.fatal) reject(new Error(ev.message));
+        } else {
+          onAudio(e.data);
+        }
+      };
+      ws.onclose = (e) => {
+        setStatus("closed", `closed (${e.code}${e.reason ? ` ${e.reason}` : ""})`);
+        log(`connection closed: code ${e.code}`, e.code === 1000 ? "" : "error");
+        reject(new Error(`connection closed (${e.code})`));
+        stopMic();
+        ws = null;
+        activeRid = null;
+        refreshButtons();
+      };
+      ws.onerror = () => log("WebSocket error", "error");
+    }).finally(() => {
+      connecting = null;
+      refreshButtons();
+    });
+    refreshButtons();
+    return connecting;
+  }
+
+  // ---- server events -------------------------------------------------------------
+
+  function response(rid) {
+    if (!vp.responses[rid]) {
+      vp.responses[rid] = { userText: "", text: "", frames: 0, samples: 0, done: null, cancelled: false };
+    }
+    return vp.responses[rid];
+  }
+
+  function setText(rid, part, text) {
+    const v = views.get(rid);
+    if (v) v.el.querySelector(part).textContent = text;
+  }
+
+  function onEvent(ev) {
+    vp.events.push(ev);
+    let r;
+    switch (ev.type) {
+      case "session.started":
+        setStatus("open", `connected · ${ev.input.sample_rate} Hz ${ev.input.format}`);
+        log(`← session.started ${ev.session_id} in ${JSON.stringify(ev.input)} out ${JSON.stringify(ev.output)}`);
+        break;
+      case "speech.started":
+        setSpeech("speech", "speaking");
+        log(`← speech.started at ${ev.audio_ms} ms`);
+        break;
+      case "speech.stopped":
+        setSpeech(mic ? "listening" : "off", mic ? "listening" : "mic off");
+        log(`← speech.stopped at ${ev.audio_ms} ms (${ev.reason})`);
+        break;
+      case "transcript.final":
+        lastUser = { el: bubble("user", ev.text), spoken: true };
+        lastUser.el.querySelector(".meta").textContent = `spoken · ${(ev.audio_ms / 1000).toFixed(1)} s · ${ev.language}`;
+        log(`← transcript.final: ${ev.text}`);
+        break;
+      case "turn.empty":
+        log(`← turn.empty (${ev.reason})`);
+        break;
+      case "response.started":
+        r = response(ev.response_id);
+        r.userText = ev.user_text;
+        views.set(ev.response_id, { el: bubble("assistant", ""), user: lastUser });
+        activeRid = ev.response_id;
+        vp.replyText = "";
+        log(`← response.started #${ev.response_id}`);
+        break;
+      case "response.text.delta":
+        r = response(ev.response_id);
+        r.text += ev.delta;
+        setText(ev.response_id, ".text", r.text);
+        if (ev.response_id === activeRid) vp.replyText = r.text;
+        break;
+      case "response.done": {
+        r = response(ev.response_id);
+        r.done = ev;
+        if (activeRid === ev.response_id) activeRid = null;
+        const t = ev.timings_ms || {};
+        const ms = (k) => (t[k] === undefined ? "–" : `${Math.round(t[k])} ms`);
+        const meta = `${ev.audio_s.toFixed(1)} s audio · ${ev.output_tokens} tokens · asr ${ms("asr")} · ` +
+          `ttft ${ms("llm_ttft")} · tpot ${ms("llm_tpot")} · first audio ${ms("first_audio")} · ` +
+          `voice→voice ${ms("voice_to_voice")}`;
+        setText(ev.response_id, ".meta", meta);
+        log(`← response.done #${ev.response_id}: ${meta}`);
+        break;
+      }
+      case "response.cancelled":
+        r = response(ev.response_id);
+        r.cancelled = true;
+        stopReplyAudio(ev.response_id);
+        if (activeRid === ev.response_id) activeRid = null;
+        setText(ev.response_id, ".meta", cancelRequested.has(ev.response_id) ? "cancelled" : "cancelled by a newer turn");
+        if (views.has(ev.response_id)) {
+          const { el, user } = views.get(ev.response_id);
+          el.classList.add("cancelled");
+          // A spoken turn the user went on with: a longer transcript replaces it.
+          if (user && user.spoken && !cancelRequested.has(ev.response_id)) user.el.classList.add("cancelled");
+        }
+        log(`← response.cancelled #${ev.response_id}`);
+        break;
+      case "error":
+        log(`← error ${ev.code}${ev.fatal ? " (fatal)" : ""}: ${ev.message}`, "error");
+        if (ev.fatal) setStatus("error", `error: ${ev.code}`);
+        break;
+      default:
+        log(`← ${ev.type}`);
+    }
+    refreshButtons();
+  }
+
+  // ---- reply audio -----------------------------------------------------------------
+
+  let playhead = 0; // context time where the next chunk starts
+  const cancelled = new Set(); // response ids whose audio is dropped
+  const playing = new Map(); // response id -> Set of scheduled AudioBufferSourceNodes
+
+  function onAudio(buf) {
+    vp.audioFramesReceived++;
+    if (buf.byteLength < 6) return;
+    const rid = new DataView(buf).getUint32(0, true);
+    const n = (buf.byteLength - 4) >> 1;
+    const r = response(rid);
+    r.frames++;
+    r.samples += n;
+    vp.audioSamplesReceived += n;
+    if (cancelled.has(rid) || r.cancelled) {
+      vp.audioFramesDropped++;
+      return;
+    }
+    const pcm = new Int16Array(buf, 4, n);
+    const rate = (vp.declared && vp.declared.output_sample_rate) || ctx.sampleRate;
+    const audio = ctx.createBuffer(1, n, rate);
+    const out = audio.getChannelData(0);
+    for (let i = 0; i < n; i++) out[i] = pcm[i] / 32768;
+
+    const src = ctx.createBufferSource();
+    src.buffer = audio;
+    src.connect(ctx.destination);
+    const now = ctx.currentTime;
+    if (r.frames > 1 && playhead < now) vp.underruns++; // the reply's audio ran dry
+    const at = Math.max(playhead, now + PLAYBACK_LEAD_S);
+    src.start(at);
+    playhead = at + audio.duration;
+    if (!playing.has(rid)) playing.set(rid, new Set());
+    const set = playing.get(rid);
+    set.add(src);
+    src.onended = () => {
+      set.delete(src);
+      if (set.size === 0 && playing.get(rid) === set) playing.delete(rid);
+    };
+  }
+
+  function stopReplyAudio(rid) {
+    cancelled.add(rid);
+    const set = playing.get(rid);
+    if (set) {
+      for (const src of set) {
+        try {
+          src.stop();
+        } catch (_) {
+          /* not started yet or already stopped */
+        }
+      }
+      playing.delete(rid);
+    }
+    if (ctx && playing.size === 0) playhead = ctx.currentTime;
+  }
+
+  // ---- microphone ------------------------------------------------------------------
+
+  async function startMic() {
+    await workletLoaded;
+    const stream = await navigator.mediaDevices.getUserMedia({
+      audio: { channelCount: 1, echoCancellation: true, noiseSuppression: true, autoGainControl: true },
+    });
+    const source = ctx.createMediaStreamSource(stream);
+    const node = new AudioWorkletNode(ctx, "capture-processor", {
+      numberOfInputs: 1,
+      numberOfOutputs: 1,
+      outputChannelCount: [1],
+      processorOptions: { batchMs: BATCH_MS },
+    });
+    node.port.onmessage = (e) => {
+      if (e.data instanceof Float32Array) sendAudio(e.data);
+      else if (e.data && e.data.flushed && mic && mic.onFlushed) mic.onFlushed();
+    };
+    source.connect(node);
+    node.connect(ctx.destination); // silent output; keeps the node pulled by the graph
+    mic = { stream, source, node, onFlushed: null };
+    vp.micActive = true;
+    setSpeech("listening", "listening");
+    log(`microphone on (${ctx.sampleRate} Hz, ${BATCH_MS} ms messages)`);
+  }
+
+  function sendAudio(samples) {
+    if (!ws || ws.readyState !== WebSocket.OPEN) return;
+    ws.send(samples.buffer); // Float32Array: little-endian f32 on every browser platform
+    vp.audioFramesSent++;
+    vp.samplesSent += samples.length;
+  }
+
+  // Sends the partial batch still in the worklet; resolves when it has been sent.
+  function flushMic() {
+    if (!mic) return Promise.resolve();
+    return new Promise((resolve) => {
+      const timer = setTimeout(resolve, 300);
+      mic.onFlushed = () => {
+        clearTimeout(timer);
+        resolve();
+      };
+      mic.node.port.postMessage({ cmd: "flush" });
+    });
+  }
+
+  function stopMic() {
+    if (!mic) return;
+    mic.stream.getTracks().forEach((t) => t.stop());
+    mic.source.disconnect();
+    mic.node.port.onmessage = null;
+    mic.node.disconnect();
+    mic = null;
+    vp.micActive = false;
+    setSpeech("off", "mic off");
+  }
+
+  // ---- buttons ---------------------------------------------------------------------
+
+  $("start").onclick = async () => {
+    $("start").disabled = true;
+    try {
+      const resumed = ensureContext();
+      await connect();
+      await resumed;
+      if (!mic) await startMic();
+    } catch (err) {
+      log(`could not start: ${err.message || err}`, "error");
+    }
+    refreshButtons();
+  };
+
+  $("stop").onclick = async () => {
+    if (!mic) return;
+    await flushMic();
+    stopMic();
+    send({ type: "input.end" }); // the turn ends now; the socket stays open for the reply
+    refreshButtons();
+  };
+
+  $("cancel").onclick = () => {
+    // Silence everything now; the server confirms with response.cancelled.
+    for (const rid of [...playing.keys()]) stopReplyAudio(rid);
+    if (activeRid !== null) {
+      cancelRequested.add(activeRid);
+      stopReplyAudio(activeRid);
+    }
+    send({ type: "response.cancel" });
+  };
+
+  $("text-form").onsubmit = async (e) => {
+    e.preventDefault();
+    const text = $("text").value.trim();
+    if (!text) return;
+    try {
+      ensureContext();
+      await connect();
+    } catch (err) {
+      log(`could not connect: ${err.message || err}`, "error");
+      return;
+    }
+    if (send({ type: "text.input", text })) {
+      lastUser = { el: bubble("user", text), spoken: false };
+      lastUser.el.querySelector(".meta").textContent = "typed";
+      $("text").value = "";
+    }
+  };
+
+  refreshButtons();
+})();
