@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .scheduler import SchedulerConfig
+
 
 @dataclass(slots=True, kw_only=True)
 class TurnConfig:
@@ -133,6 +135,7 @@ class VoxpipeConfig:
     turn: TurnConfig = field(default_factory=TurnConfig)
     asr: AsrConfig = field(default_factory=AsrConfig)
     llm: LlmConfig = field(default_factory=LlmConfig)
+    llm_batch: SchedulerConfig = field(default_factory=SchedulerConfig)
     tts: TtsConfig = field(default_factory=TtsConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
 
@@ -155,6 +158,11 @@ class VoxpipeConfig:
                 raise ValueError(f"{name} must be >= 1")
         if self.llm.max_new_tokens < 1 or self.llm.max_context_tokens < 64:
             raise ValueError("llm: max_new_tokens >= 1 and max_context_tokens >= 64")
+        b = self.llm_batch
+        if b.max_batch_size < 1 or b.max_wait_ms < 0 or b.max_prefill_tokens < 16:
+            raise ValueError("llm_batch: max_batch_size >= 1, max_wait_ms >= 0, max_prefill_tokens >= 16")
+        if b.max_kv_tokens < self.llm.max_context_tokens + self.llm.max_new_tokens:
+            raise ValueError("llm_batch.max_kv_tokens must fit at least one full request")
         if self.server.max_message_bytes < 4096:
             raise ValueError("server.max_message_bytes must be >= 4096")
         return self

@@ -54,7 +54,7 @@ def load_engines(cfg: VoxpipeConfig) -> Engines:
     vad = SileroVad(model_files.silero_vad_path())
     asr = AsrEngine(load_whisper(cfg.asr), cfg.asr)
     logger.info("ASR loaded (%s)", cfg.asr.model)
-    llm = LlmEngine(load_llm(cfg.llm.model, device=cfg.llm.device, threads=cfg.llm.threads), cfg.llm)
+    llm = LlmEngine(load_llm(cfg.llm.model, device=cfg.llm.device, threads=cfg.llm.threads), cfg.llm, cfg.llm_batch)
     logger.info("LLM loaded (%s)", cfg.llm.model)
     tts = TtsEngine(load_voice(cfg.tts), cfg.tts)
     logger.info("models loaded in %.1f s", time.perf_counter() - t0)

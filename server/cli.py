@@ -24,6 +24,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--device", default="auto", help="auto | cpu | cpu-fp32 | cuda")
     s.add_argument("--llm-threads", type=int, default=1, help="torch threads for the LLM")
     s.add_argument("--max-new-tokens", type=int, default=96)
+    s.add_argument("--max-batch-size", type=int, default=8, help="LLM requests decoding together")
+    s.add_argument("--max-wait-ms", type=float, default=20.0, help="how long a lone LLM request waits for company")
     s.add_argument("--log-level", default="INFO")
 
     a = sub.add_parser("ask", help="send an audio file, print and save the spoken reply")
@@ -34,6 +36,18 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("--json", action="store_true", help="print exactly one JSON object")
     a.add_argument("--language", default=None)
     a.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for the reply")
+
+    b = sub.add_parser("bench", help="run a benchmark and print its table")
+    bsub = b.add_subparsers(dest="bench", required=True)
+    bl = bsub.add_parser("llm", help="LLM batching modes: the design article's table")
+    bl.add_argument("--llm", default="smollm2")
+    bl.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    bl.add_argument("--requests", type=int, default=16)
+    bl.add_argument("--concurrency", type=int, default=8)
+    bl.add_argument("--rate", type=float, default=1.0, help="Poisson arrivals per second")
+    bl.add_argument("--max-batch-size", type=int, default=8)
+    bl.add_argument("--threads", type=int, default=1)
+    bl.add_argument("--json", action="store_true")
 
     m = sub.add_parser("mic", help="talk to a server with the local microphone and speaker")
     m.add_argument("--url", default="ws://127.0.0.1:8765/ws")
@@ -49,6 +63,12 @@ def main(argv: list[str] | None = None) -> int:
         return _serve(args)
     if args.command == "ask":
         return _ask(args)
+    if args.command == "bench":
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        logging.basicConfig(level="WARNING")
+        from bench.llm import main as bench_llm
+
+        return bench_llm(args)
     if args.command == "mic":
         from .mic import run_mic
 
@@ -60,11 +80,13 @@ def _serve(args) -> int:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from pipeline.config import AsrConfig, LlmConfig, ServerConfig, TtsConfig, VoxpipeConfig
+    from pipeline.scheduler import SchedulerConfig
 
     cfg = VoxpipeConfig(
         asr=AsrConfig(model=args.asr_model),
         llm=LlmConfig(model=args.llm, device=args.device, threads=args.llm_threads,
                       max_new_tokens=args.max_new_tokens),
+        llm_batch=SchedulerConfig(max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms),
         tts=TtsConfig(voice=args.voice),
         server=ServerConfig(host=args.host, port=args.port),
     )

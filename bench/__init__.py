@@ -1,0 +1,1 @@
+"""voxpipe benchmarks: each prints a table (and JSON with ``--json``)."""

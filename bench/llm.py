@@ -1,0 +1,203 @@
+"""LLM serving benchmark: the design article's table for voxpipe's own engine.
+
+Modes (DESIGN.md §7): no batching (one request at a time), static batching (batches of
+4 that wait until full and admit nobody while running), dynamic/continuous batching
+(``max_wait_ms=50``), and dynamic batching at reduced precision (bf16 against the fp32
+baseline). Loads: a closed loop at fixed concurrency, and Poisson arrivals at a fixed
+rate. Chat prompts of varied length with varied ``max_new_tokens``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import statistics
+import time
+from dataclasses import asdict, dataclass
+
+from tqdm import tqdm
+
+PROMPTS = [
+    "What is the capital of France?",
+    "Give me one tip for sleeping better.",
+    "Explain in two sentences why the sky is blue.",
+    "What should I cook tonight with rice, eggs and spinach?",
+    "Tell me a short fun fact about octopuses.",
+    "How far is the Moon from the Earth, roughly?",
+    "Suggest a name for a small grey cat.",
+    "I have a meeting at nine tomorrow and a dentist appointment at two; remind me what to prepare.",
+    "What is the difference between weather and climate? Keep it short.",
+    "Translate 'good morning, how are you' into Spanish.",
+    "Why do leaves change colour in autumn?",
+    "Recommend a classic novel and say why in one sentence.",
+]
+MAX_NEW = [24, 32, 48]
+
+
+@dataclass
+class Row:
+    mode: str
+    dtype: str
+    load: str
+    requests: int
+    qps: float
+    ttft_p50_ms: float
+    ttft_p99_ms: float
+    latency_p50_ms: float
+    latency_p99_ms: float
+    tok_s: float
+    mean_batch: float
+    peak_mem_mb: float
+
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))] if xs else float("nan")
+
+
+def _reset_peak_memory(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    else:
+        try:
+            with open("/proc/self/clear_refs", "w") as fh:
+                fh.write("5")  # Linux: reset the peak RSS (VmHWM)
+        except OSError:
+            pass
+
+
+def _peak_memory_mb(device) -> float:
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _workload(n: int, seed: int = 0):
+    rng = random.Random(seed)
+    return [(PROMPTS[i % len(PROMPTS)], rng.choice(MAX_NEW)) for i in range(n)]
+
+
+async def _one(engine, prompt: str, max_new: int, results: list) -> None:
+    from pipeline.llm import GenRequest
+
+    t0 = time.perf_counter()
+    stream = engine.submit(GenRequest(messages=[{"role": "user", "content": prompt}], max_new_tokens=max_new))
+    async for _ in stream:
+        pass
+    results.append((stream.stats.ttft_ms, (time.perf_counter() - t0) * 1000, stream.stats.output_tokens))
+
+
+async def _closed_loop(engine, work, concurrency: int, bar) -> list:
+    results: list = []
+    it = iter(work)
+
+    async def worker() -> None:
+        for prompt, n in it:
+            await _one(engine, prompt, n, results)
+            bar.update()
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return results
+
+
+async def _poisson(engine, work, rate: float, bar, seed: int = 1) -> list:
+    rng = random.Random(seed)
+    results: list = []
+    tasks = []
+    for prompt, n in work:
+        tasks.append(asyncio.create_task(_one(engine, prompt, n, results)))
+        tasks[-1].add_done_callback(lambda _: bar.update())
+        await asyncio.sleep(rng.expovariate(rate))
+    await asyncio.gather(*tasks)
+    return results
+
+
+def run_mode(llm, mode: str, sched, load: str, n: int, concurrency: int, rate: float) -> Row:
+    """Run one mode under one load; returns its table row."""
+    from pipeline.config import LlmConfig
+    from pipeline.llm import LlmEngine
+
+    engine = LlmEngine(llm, LlmConfig(queue_size=max(64, n)), sched)
+    engine.start()
+    try:
+        asyncio.run(_closed_loop(engine, [("Hi", 4)], 1, tqdm(disable=True)))  # warm-up
+        engine.batch_sizes.clear()
+        _reset_peak_memory(llm.device)
+        work = _workload(n)
+        with tqdm(total=n, desc=f"{mode} / {load}", unit="req", leave=False) as bar:
+            t0 = time.perf_counter()
+            if load.startswith("closed"):
+                results = asyncio.run(_closed_loop(engine, work, concurrency, bar))
+            else:
+                results = asyncio.run(_poisson(engine, work, rate, bar))
+            wall = time.perf_counter() - t0
+    finally:
+        engine.stop()
+    ttft = [r[0] for r in results]
+    lat = [r[1] for r in results]
+    toks = sum(r[2] for r in results)
+    return Row(mode=mode, dtype=str(llm.dtype).replace("torch.", ""), load=load, requests=n,
+               qps=round(n / wall, 3), ttft_p50_ms=round(_pct(ttft, 50)), ttft_p99_ms=round(_pct(ttft, 99)),
+               latency_p50_ms=round(_pct(lat, 50)), latency_p99_ms=round(_pct(lat, 99)),
+               tok_s=round(toks / wall, 1),
+               mean_batch=round(statistics.mean(engine.batch_sizes), 2) if engine.batch_sizes else 0.0,
+               peak_mem_mb=round(_peak_memory_mb(llm.device), 1))
+
+
+def main(args) -> int:
+    """``voxpipe bench llm``: print the table (and JSON with ``--json``)."""
+    import torch
+
+    from pipeline.llm_loader import load_llm
+    from pipeline.scheduler import SchedulerConfig
+
+    torch.set_num_threads(args.threads)
+    base_dev = "cuda" if args.device == "cuda" else "cpu-fp32"
+    red_dev = "cuda" if args.device == "cuda" else "cpu"
+    modes = [
+        ("no batching", base_dev, SchedulerConfig(max_batch_size=1, max_wait_ms=0)),
+        ("static batch 4", base_dev, SchedulerConfig(max_batch_size=4, max_wait_ms=2000, static=True)),
+        ("dynamic batching", base_dev, SchedulerConfig(max_batch_size=args.max_batch_size, max_wait_ms=50)),
+        ("dynamic + bf16", red_dev, SchedulerConfig(max_batch_size=args.max_batch_size, max_wait_ms=50)),
+    ]
+    loads = [f"closed c={args.concurrency}", f"poisson {args.rate}/s"]
+    rows: list[Row] = []
+    models = {}
+    for mode, dev, sched in modes:
+        if dev not in models:
+            models.clear()
+            models[dev] = load_llm(args.llm, device=dev, threads=args.threads)
+        for load in loads:
+            rows.append(run_mode(models[dev], mode, sched, load, args.requests, args.concurrency, args.rate))
+    if args.json:
+        print(json.dumps([asdict(r) for r in rows], indent=1))
+    else:
+        print(format_table(rows, args))
+    return 0
+
+
+def format_table(rows: list[Row], args) -> str:
+    head = ["mode", "dtype", "load", "QPS", "TTFT p50", "TTFT p99", "lat p50", "lat p99", "tok/s", "batch",
+            "peak MB"]
+    lines = [f"LLM={args.llm} requests={args.requests} threads={args.threads} (ms unless noted)",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        lines.append("| " + " | ".join(str(v) for v in (
+            r.mode, r.dtype, r.load, r.qps, r.ttft_p50_ms, r.ttft_p99_ms, r.latency_p50_ms, r.latency_p99_ms,
+            r.tok_s, r.mean_batch, r.peak_mem_mb)) + " |")
+    base = {r.load: r for r in rows if r.mode == "no batching"}
+    for r in rows:
+        if r.mode != "no batching":
+            b = base[r.load]
+            lines.append(f"{r.mode} / {r.load}: {r.tok_s / b.tok_s:.1f}x tok/s, "
+                         f"p99 latency {r.latency_p99_ms / b.latency_p99_ms:.2f}x of no batching")
+    return "\n".join(lines)
