@@ -102,13 +102,19 @@ def llm_folder(name: str) -> Path:
     return dest
 
 
+DEVICES = ("auto", "cpu", "cpu-fp32", "cpu-int8", "cuda")
+"""``--device`` choices: ``cpu`` is bf16; ``cpu-int8`` is int8 dynamic quantization of
+the linear layers (``torch.ao.quantization.quantize_dynamic``, fp32 activations)."""
+
+
 def pick_device(device: str = "auto") -> tuple[Any, Any]:
-    """(device, dtype): CUDA bf16 when available, else CPU bf16 (fp32 if asked via device='cpu-fp32')."""
+    """(device, dtype): CUDA bf16 when available, else CPU bf16; ``cpu-fp32`` and
+    ``cpu-int8`` load fp32 weights (int8 is applied after loading)."""
     import torch
 
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cpu-fp32":
+    if device in ("cpu-fp32", "cpu-int8"):
         return torch.device("cpu"), torch.float32
     return torch.device(device), torch.bfloat16
 
@@ -118,7 +124,7 @@ def load_llm(name: str, *, device: str = "auto", threads: int | None = None) -> 
 
     Args:
         name: ``qwen``, ``smollm2`` or a local folder.
-        device: ``auto``, ``cpu``, ``cpu-fp32`` or ``cuda[:N]``.
+        device: one of :data:`DEVICES` or ``cuda:N``.
         threads: torch intra-op threads on CPU (DESIGN.md: give each engine a budget).
     """
     import torch
@@ -130,5 +136,8 @@ def load_llm(name: str, *, device: str = "auto", threads: int | None = None) -> 
     dev, dtype = pick_device(device)
     tok = AutoTokenizer.from_pretrained(str(folder))
     model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype).to(dev).eval()
+    if device == "cpu-int8":
+        model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+        dtype = torch.qint8
     short = name if name in LLM_CHOICES else folder.name
     return LoadedLLM(model=model, tokenizer=tok, name=short, device=dev, dtype=dtype)

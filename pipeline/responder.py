@@ -1,0 +1,138 @@
+"""One assistant reply: LLM deltas → phrases → TTS → paced audio frames.
+
+A :class:`Responder` owns one response's tasks. Cancelling its task aborts the LLM
+request (the engine frees the batch slot at the next step), drops queued phrases and
+stops sending audio; :attr:`Responder.spoken` then holds only the phrases whose audio
+was sent for playback, which is what the conversation history keeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Awaitable, Callable
+
+from audio.pcm import float_to_pcm16, resample
+
+from . import metrics
+from .chunker import SentenceChunker, speakable
+from .config import VoxpipeConfig
+from .engines import Engines
+from .history import ChatHistory
+from .llm import GenRequest
+
+logger = logging.getLogger(__name__)
+
+AUDIO_CHUNK_S = 0.2
+"""Reply audio is sent in binary frames of about this many seconds."""
+EMPTY_REPLY = "Sorry, I don't have an answer to that."
+"""Spoken when the LLM returns nothing speakable (CASES.md C13)."""
+
+
+class Responder:
+    """Produce and speak reply ``rid`` to ``user_text``.
+
+    Args:
+        rid: response id (goes into every event and audio frame).
+        engines: shared LLM and TTS stages.
+        cfg: configuration (``cfg.llm`` limits, ``cfg.tts.playback_lead_s`` pacing).
+        out: the session's outbox.
+        history: the session's chat history (read for the prompt, appended at the end).
+        output_rate: reply audio rate (Hz).
+        error: coroutine ``error(code, message)`` reporting to the client.
+    """
+
+    def __init__(self, *, rid: int, engines: Engines, cfg: VoxpipeConfig, out, history: ChatHistory,
+                 output_rate: int, error: Callable[[str, str], Awaitable[None]]) -> None:
+        self.rid, self.engines, self.cfg, self.out = rid, engines, cfg, out
+        self.history, self.output_rate, self.error = history, output_rate, error
+        self.spoken: list[str] = []
+        self.timings: dict[str, float] = {}
+        self.audio_s = 0.0
+        self._phrases: asyncio.Queue[str | None] = asyncio.Queue()
+        self._t_play: float | None = None
+
+    async def run(self, user_text: str, *, t_end: float, asr_ms: float) -> None:
+        """Generate, speak, and record the exchange; on cancel, record what was spoken."""
+        llm, cfg = self.engines.llm, self.cfg.llm
+        t0 = time.perf_counter()
+        await self.out.event("response.started", response_id=self.rid, user_text=user_text)
+        messages = await asyncio.to_thread(self.history.prompt, user_text, llm.count_tokens,
+                                           cfg.max_context_tokens - cfg.max_new_tokens)
+        stream = llm.submit(GenRequest(messages=messages, max_new_tokens=cfg.max_new_tokens))  # may raise Busy
+        speaker = asyncio.create_task(self._speak(t0, t_end))
+        try:
+            text, fallback = await self._generate(stream)
+            await speaker
+        except BaseException:
+            stream.abort()
+            speaker.cancel()
+            await asyncio.gather(speaker, return_exceptions=True)
+            self.history.add_turn(user_text, " ".join(self.spoken))
+            raise
+        st = stream.stats
+        metrics.LLM_TTFT.observe(st.ttft_ms / 1000)
+        if st.tpot_ms:
+            metrics.LLM_TPOT.observe(st.tpot_ms / 1000)
+        self.history.add_turn(user_text, text)
+        timings = {"asr": round(asr_ms, 1), "llm_ttft": round(st.ttft_ms, 1), "llm_tpot": round(st.tpot_ms, 1),
+                   **self.timings}
+        await self.out.event("response.done", response_id=self.rid, text=text, fallback=fallback,
+                             finish_reason=st.finish_reason, output_tokens=st.output_tokens,
+                             audio_s=round(self.audio_s, 3), timings_ms=timings)
+
+    async def _generate(self, stream) -> tuple[str, bool]:
+        chunker = SentenceChunker()
+        text = ""
+        async for delta in stream:
+            text += delta
+            await self.out.event("response.text.delta", response_id=self.rid, delta=delta)
+            for phrase in chunker.push(delta):
+                self._phrases.put_nowait(phrase)
+        for phrase in chunker.flush():
+            self._phrases.put_nowait(phrase)
+        fallback = not speakable(text)
+        if fallback:  # empty or unspeakable reply: say so rather than stay silent
+            text = EMPTY_REPLY
+            await self.out.event("response.text.delta", response_id=self.rid, delta=text)
+            self._phrases.put_nowait(text)
+        self._phrases.put_nowait(None)
+        return text, fallback
+
+    async def _speak(self, t0: float, t_end: float) -> None:
+        while (phrase := await self._phrases.get()) is not None:
+            if not speakable(phrase):
+                continue
+            try:
+                speech = await self.engines.tts.run(phrase)
+            except Exception as exc:  # noqa: BLE001 - skip the phrase, keep speaking
+                await self.error("tts_failed", f"could not speak a phrase: {exc}")
+                continue
+            if len(speech.audio) == 0:
+                continue
+            audio = await asyncio.to_thread(resample, speech.audio, speech.sample_rate, self.output_rate)
+            self.spoken.append(phrase)
+            step = int(self.output_rate * AUDIO_CHUNK_S)
+            for i in range(0, len(audio), step):
+                await self._pace()
+                if "first_audio" not in self.timings:
+                    now = time.perf_counter()
+                    self.timings["first_audio"] = round((now - t0) * 1000, 1)
+                    self.timings["voice_to_voice"] = round((now - t_end) * 1000, 1)
+                    metrics.FIRST_AUDIO.observe(now - t0)
+                    metrics.VOICE_TO_VOICE.observe(now - t_end)
+                    self._t_play = now
+                chunk = audio[i : i + step]
+                await self.out.audio(self.rid, float_to_pcm16(chunk))
+                self.audio_s += len(chunk) / self.output_rate
+
+    async def _pace(self) -> None:
+        """Stay at most ``playback_lead_s`` ahead of real-time playback, so a barge-in
+        silences the client quickly and nothing piles up in buffers."""
+        if self._t_play is None:
+            return
+        ahead = self.audio_s - (time.perf_counter() - self._t_play)
+        lead = self.cfg.tts.playback_lead_s
+        if ahead > lead:
+            await asyncio.sleep(ahead - lead)
