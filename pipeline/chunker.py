@@ -45,30 +45,45 @@ def _is_symbol(ch: str) -> bool:
 
 
 class SentenceChunker:
-    """Accumulate text deltas; emit complete sentences as soon as they end.
+    """Turn a stream of LLM text deltas into speakable phrases, as early as is natural.
 
-    A sentence ends at ``.``, ``!``, ``?``, ``…`` or a newline followed by whitespace,
-    except after a known abbreviation (``Dr.``, ``e.g.``) or inside a number
-    (``3.14``), because the following character must be whitespace. Phrases shorter
-    than ``min_chars`` are joined to the next one.
+    Rules (all need the whitespace after the punctuation to have arrived, so numbers
+    like ``3.14``, ``$19.99``, ``1,000``, ``9:30``, versions ``v1.2.3``, URLs and e-mail
+    addresses are never split):
+
+    - a sentence ends at ``.``, ``!``, ``?``, ``…`` (plus closing quotes/brackets) or a
+      newline — except after a known abbreviation (``Dr.``, ``e.g.``, ``a.m.``) or a
+      single initial;
+    - a clause boundary (``,``, ``;``, ``:``) ends a phrase once it is at least
+      ``clause_chars`` long (natural prosody needs some length);
+    - first-phrase rule: the first phrase of a reply may end at a clause boundary once it
+      is ``first_chars`` long, trading a few words of prosody for time-to-first-audio;
+    - phrases shorter than ``min_chars`` are joined to the next one;
+    - a fenced code block (```) is held until it closes, so it stays in one phrase
+      (which :func:`speakable` then drops).
     """
 
-    _END = re.compile(r"([.!?…]+[\"')\]]*\s+|\n+)")
+    _SENTENCE = re.compile(r"[.!?…]+[\"')\]]*\s+|\n+")
+    _BOUNDARY = re.compile(r"[.!?…]+[\"')\]]*\s+|\n+|[,;:]\s+")
 
-    def __init__(self, *, min_chars: int = 12) -> None:
-        self.min_chars = min_chars
+    def __init__(self, *, min_chars: int = 12, clause_chars: int = 48, first_chars: int = 18) -> None:
+        self.min_chars, self.clause_chars, self.first_chars = min_chars, clause_chars, first_chars
         self._buf = ""
+        self._emitted = 0
 
     def push(self, delta: str) -> list[str]:
         """Add a delta; return the phrases it completes (raw text, not yet cleaned)."""
         self._buf += delta
         out: list[str] = []
         start = 0
-        for m in self._END.finditer(self._buf):
-            candidate = self._buf[start : m.end()]
-            if self._is_abbreviation(self._buf[: m.start() + 1]) or len(candidate.strip()) < self.min_chars:
+        for m in self._BOUNDARY.finditer(self._buf):
+            phrase = self._buf[start : m.end()]
+            if phrase.count("```") % 2:
+                continue  # inside a code fence
+            if not self._cut_here(phrase, m, self._buf[: m.start() + 1]):
                 continue
-            out.append(candidate.strip())
+            out.append(phrase.strip())
+            self._emitted += 1
             start = m.end()
         self._buf = self._buf[start:]
         return out
@@ -78,9 +93,18 @@ class SentenceChunker:
         rest, self._buf = self._buf.strip(), ""
         return [rest] if rest else []
 
-    @staticmethod
-    def _is_abbreviation(text_to_dot: str) -> bool:
-        if not text_to_dot.endswith("."):
+    def _cut_here(self, phrase: str, m: re.Match, upto_punct: str) -> bool:
+        length = len(phrase.strip())
+        if length < self.min_chars:
             return False
-        word = re.split(r"\s", text_to_dot[:-1])[-1].lower().lstrip("(\"'")
-        return word in _ABBREVIATIONS or (len(word) == 1 and word.isalpha())
+        if self._SENTENCE.fullmatch(m.group()):
+            return not _is_abbreviation(upto_punct)
+        limit = self.first_chars if self._emitted == 0 else self.clause_chars
+        return length >= limit
+
+
+def _is_abbreviation(text_to_dot: str) -> bool:
+    if not text_to_dot.endswith("."):
+        return False
+    word = re.split(r"\s", text_to_dot[:-1])[-1].lower().lstrip("(\"'")
+    return word in _ABBREVIATIONS or (len(word) == 1 and word.isalpha())

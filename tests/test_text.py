@@ -28,20 +28,39 @@ def chunks(text: str, step: int) -> list[str]:
     return out + c.flush()
 
 
-TEXT = "Dr. Smith paid $19.99 at 9 a.m. today, e.g. for v1.2.3 of it. Pi is 3.14! Really? Yes, it is."
+CHUNK_TABLE = [
+    # sentence ends; abbreviations, numbers, times and versions are not ends
+    ("Dr. Smith paid $19.99 at 9 a.m. today. It was v1.2.3 of the app. Pi is 3.14! Really? Yes.",
+     ["Dr. Smith paid $19.99 at 9 a.m. today.", "It was v1.2.3 of the app.", "Pi is 3.14! Really?", "Yes."]),
+    ("My temperature is 98.6°F today. That is normal, e.g. for adults.",
+     ["My temperature is 98.6°F today.", "That is normal, e.g. for adults."]),
+    # first-phrase rule: an early clause boundary; later clauses need more length
+    ("Sure, happy to help you with that, and here is the answer you wanted, in detail: it is 42.",
+     ["Sure, happy to help you with that,", "and here is the answer you wanted, in detail: it is 42."]),
+    # thousands separators and clock times are not clause boundaries
+    ("It costs 1,000 dollars at 9:30 in the morning. Fine.", ["It costs 1,000 dollars at 9:30 in the morning.", "Fine."]),
+    # URLs and e-mail addresses stay whole
+    ("See https://example.com/a.b?x=1 for details. Or write to bob.smith@example.com today.",
+     ["See https://example.com/a.b?x=1 for details.", "Or write to bob.smith@example.com today."]),
+    # markdown lines and code fences
+    ("Steps:\n- open the box\n- take it out\n```python\nprint(1)\nx = 2\n```\nDone now.",
+     ["Steps:\n- open the box", "- take it out", "```python\nprint(1)\nx = 2\n```", "Done now."]),
+]
 
 
-def test_sentences_split_not_inside_numbers_or_abbreviations():
-    assert chunks(TEXT, len(TEXT)) == [
-        "Dr. Smith paid $19.99 at 9 a.m. today, e.g. for v1.2.3 of it.",
-        "Pi is 3.14! Really?",
-        "Yes, it is.",
-    ]
+@pytest.mark.parametrize("text, phrases", CHUNK_TABLE)
+def test_chunker_table(text, phrases):
+    assert chunks(text, len(text)) == phrases
 
 
 @pytest.mark.parametrize("step", [1, 2, 3, 7])
-def test_streaming_gives_the_same_phrases(step):
-    assert chunks(TEXT, step) == chunks(TEXT, len(TEXT))
+@pytest.mark.parametrize("text", [t for t, _ in CHUNK_TABLE])
+def test_streaming_gives_the_same_phrases(text, step):
+    assert chunks(text, step) == chunks(text, len(text))
+
+
+def test_code_fence_is_not_spoken():
+    assert speakable("```python\nprint(1)\nx = 2\n```") == ""
 
 
 def test_apply_stop_across_deltas():
