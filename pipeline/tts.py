@@ -63,7 +63,9 @@ def load_voice(cfg: TtsConfig):
 
 
 class TtsEngine(BatchWorker[str, Speech]):
-    """The process-wide TTS stage: phrase jobs from every session, one voice.
+    """The process-wide TTS stage: phrase jobs from every session, one voice shared by a
+    pool of ``cfg.workers`` threads (onnxruntime sessions are safe to run concurrently).
+    Each session awaits its phrases one by one, so its audio stays in order.
 
     Args:
         voice: a ``piper.PiperVoice``.
@@ -71,7 +73,7 @@ class TtsEngine(BatchWorker[str, Speech]):
     """
 
     def __init__(self, voice, cfg: TtsConfig) -> None:
-        super().__init__("tts", queue_size=cfg.queue_size, max_batch_size=1)
+        super().__init__("tts", queue_size=cfg.queue_size, max_batch_size=1, workers=cfg.workers)
         self.voice = voice
         self.sample_rate = int(voice.config.sample_rate)
 

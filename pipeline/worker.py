@@ -41,27 +41,33 @@ class BatchWorker(Generic[In, Out]):
         queue_size: bounded queue length; :meth:`submit` raises :class:`Busy` when full.
         max_batch_size: most items handed to one :meth:`process_batch` call.
         max_wait_ms: how long the first item waits for company (ms).
+        workers: threads taking batches from the one queue (a pool; 1 by default).
     """
 
-    def __init__(self, name: str, *, queue_size: int, max_batch_size: int = 1, max_wait_ms: float = 0.0) -> None:
+    def __init__(self, name: str, *, queue_size: int, max_batch_size: int = 1, max_wait_ms: float = 0.0,
+                 workers: int = 1) -> None:
         self.name = name
         self.max_batch_size = max_batch_size
         self.max_wait_ms = max_wait_ms
+        self.workers = workers
         self._queue: queue.Queue[_Job | None] = queue.Queue(maxsize=queue_size)
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
 
     def start(self) -> None:
-        """Start the worker thread (idempotent)."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name=f"voxpipe-{self.name}", daemon=True)
-            self._thread.start()
+        """Start the worker threads (idempotent)."""
+        if not self._threads:
+            for i in range(self.workers):
+                t = threading.Thread(target=self._run, name=f"voxpipe-{self.name}-{i}", daemon=True)
+                t.start()
+                self._threads.append(t)
 
     def stop(self) -> None:
-        """Ask the worker to exit after the queued items and wait for it."""
-        if self._thread is not None:
+        """Ask the workers to exit after the queued items and wait for them."""
+        for _ in self._threads:
             self._queue.put(None)
-            self._thread.join(timeout=30)
-            self._thread = None
+        for t in self._threads:
+            t.join(timeout=30)
+        self._threads = []
 
     @property
     def depth(self) -> int:
