@@ -52,6 +52,8 @@ class Responder:
         self.audio_s = 0.0
         self._phrases: asyncio.Queue[str | None] = asyncio.Queue()
         self._t_play: float | None = None
+        self._t_first_token: float | None = None
+        self._t_first_phrase: float | None = None
 
     async def run(self, user_text: str, *, t_end: float, asr_ms: float) -> None:
         """Generate, speak, and record the exchange; on cancel, record what was spoken."""
@@ -86,19 +88,26 @@ class Responder:
         chunker = SentenceChunker()
         text = ""
         async for delta in stream:
+            if self._t_first_token is None:
+                self._t_first_token = time.perf_counter()
             text += delta
             await self.out.event("response.text.delta", response_id=self.rid, delta=delta)
             for phrase in chunker.push(delta):
-                self._phrases.put_nowait(phrase)
+                self._queue_phrase(phrase)
         for phrase in chunker.flush():
-            self._phrases.put_nowait(phrase)
+            self._queue_phrase(phrase)
         fallback = not speakable(text)
         if fallback:  # empty or unspeakable reply: say so rather than stay silent
             text = EMPTY_REPLY
             await self.out.event("response.text.delta", response_id=self.rid, delta=text)
-            self._phrases.put_nowait(text)
+            self._queue_phrase(text)
         self._phrases.put_nowait(None)
         return text, fallback
+
+    def _queue_phrase(self, phrase: str) -> None:
+        if self._t_first_phrase is None and speakable(phrase):
+            self._t_first_phrase = time.perf_counter()
+        self._phrases.put_nowait(phrase)
 
     async def _speak(self, t0: float, t_end: float) -> None:
         while (phrase := await self._phrases.get()) is not None:
@@ -120,6 +129,11 @@ class Responder:
                     now = time.perf_counter()
                     self.timings["first_audio"] = round((now - t0) * 1000, 1)
                     self.timings["voice_to_voice"] = round((now - t_end) * 1000, 1)
+                    for key, mark in (("first_token_to_audio", self._t_first_token),
+                                      ("first_phrase_to_audio", self._t_first_phrase)):
+                        if mark is not None:
+                            self.timings[key] = round((now - mark) * 1000, 1)
+                    self.timings["tts_rtf"] = round(speech.synth_ms / 1000 / (len(speech.audio) / speech.sample_rate), 3)
                     metrics.FIRST_AUDIO.observe(now - t0)
                     metrics.VOICE_TO_VOICE.observe(now - t_end)
                     self._t_play = now

@@ -1,0 +1,116 @@
+"""Speaking back: cancel/restart, pacing, empty replies (CASES C13, C18)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from tests.wsclient import Client
+
+LONG = "Tell me a long story about a dragon who learns to bake bread."
+
+
+async def test_ten_cancel_restart_cycles_then_a_normal_turn(server):
+    async with Client(server["url"]) as c:
+        await c.start(sample_rate=16000, output_sample_rate=16000)
+        frames_at_cancel: dict[int, int] = {}
+        for i in range(10):
+            n = len(c.conv.events)
+            await c.send_json({"type": "text.input", "text": f"{LONG} Version {i}."})
+            started = await c.wait_for(lambda e: e["type"] == "response.started" and c.conv.events.index(e) >= n, 30)
+            if i % 2:  # half the time, cancel right away (stop -> start -> stop within 100 ms)
+                await asyncio.sleep(0.05)
+            else:
+                await c.wait_for(lambda e: e["type"] == "response.text.delta"
+                                 and e["response_id"] == started["response_id"], 30)
+            await c.send_json({"type": "response.cancel"})
+            ev = await c.wait_for(lambda e: e["type"] in ("response.cancelled", "response.done")
+                                  and e.get("response_id") == started["response_id"], 30)
+            assert ev["type"] == "response.cancelled"
+            frames_at_cancel[started["response_id"]] = len(c.conv.audio.get(started["response_id"], []))
+        n = len(c.conv.events)
+        await c.send_json({"type": "text.input", "text": "What is the capital of France?"})
+        done = await c.wait_for(lambda e: e["type"] == "response.done" and c.conv.events.index(e) >= n, 60)
+        assert "paris" in done["text"].lower()
+        assert len(c.conv.reply_audio(done["response_id"])) / 16000 >= 0.5
+        await asyncio.sleep(0.3)
+        for rid, frames in frames_at_cancel.items():  # nothing of a cancelled reply after its cancel
+            assert len(c.conv.audio.get(rid, [])) == frames
+        assert not c.conv.of("error")
+
+
+async def test_reply_audio_is_paced_near_real_time(server):
+    async with Client(server["url"]) as c:
+        await c.start(sample_rate=16000, output_sample_rate=16000)
+        await c.send_json({"type": "text.input", "text": LONG})
+        started = await c.wait_for("response.started", 30)
+        rid = started["response_id"]
+        t_first = None
+        while t_first is None:
+            await asyncio.sleep(0.01)
+            if c.conv.audio.get(rid):
+                t_first = time.perf_counter()
+        done = await c.wait_for("response.done", 120)
+        elapsed = time.perf_counter() - t_first
+        # audio beyond the 1 s lead cannot arrive faster than it plays
+        assert done["audio_s"] > 3.0
+        assert elapsed >= done["audio_s"] - 1.0 - 0.3
+
+
+class _FakeStream:
+    """An LLM stream that ends at once, like a model emitting EOS first (C13)."""
+
+    def __init__(self, deltas):
+        self._deltas = list(deltas)
+        self.stats = type("S", (), {"ttft_ms": 1.0, "tpot_ms": 0.0, "finish_reason": "stop", "output_tokens": 0})()
+
+    def abort(self):
+        pass
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        if not self._deltas:
+            raise StopAsyncIteration
+        return self._deltas.pop(0)
+
+
+@pytest.mark.parametrize("deltas", [[], [""], ["   ", "\n"], [" ", "…", "?!"]])
+async def test_empty_or_unspeakable_reply_speaks_a_fallback(deltas):
+    """Response logic only (a scripted LLM stream; real TTS)."""
+    from pipeline.config import TtsConfig, VoxpipeConfig
+    from pipeline.history import ChatHistory
+    from pipeline.responder import EMPTY_REPLY, Responder
+    from pipeline.tts import TtsEngine, load_voice
+
+    class Out:
+        def __init__(self):
+            self.events, self.frames = [], []
+
+        async def event(self, kind, **f):
+            self.events.append({"type": kind, **f})
+
+        async def audio(self, rid, pcm):
+            self.frames.append(pcm)
+
+    class Engines:
+        llm = type("L", (), {"submit": lambda self, req: _FakeStream(deltas), "count_tokens": lambda self, m: 10})()
+        tts = TtsEngine(load_voice(TtsConfig()), TtsConfig())
+
+    Engines.tts.start()
+    out, hist = Out(), ChatHistory("sys")
+    errors = []
+
+    async def error(code, msg):
+        errors.append(code)
+
+    r = Responder(rid=1, engines=Engines, cfg=VoxpipeConfig(), out=out, history=hist, output_rate=16000, error=error)
+    await r.run("hello", t_end=time.perf_counter(), asr_ms=0)
+    Engines.tts.stop()
+    done = out.events[-1]
+    assert done["type"] == "response.done" and done["fallback"] and done["text"] == EMPTY_REPLY
+    assert out.frames and not errors
+    assert hist.turns == [("hello", EMPTY_REPLY)]
