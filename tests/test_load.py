@@ -58,3 +58,36 @@ async def test_thirty_concurrent_sessions_complete_or_get_busy(server):
         await c.start(sample_rate=16000)
         await c.send_json({"type": "text.input", "text": "Say hi."})
         assert (await c.wait_for("response.done", 60))["text"]
+
+
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+async def test_client_that_never_reads_does_not_hurt_others(server):
+    """C11: a client asks for a long reply and never reads; memory stays bounded and
+    another session is served normally."""
+    import json
+
+    from websockets.asyncio.client import connect
+
+    before = rss_mb(server["proc"].pid)
+    lazy = await connect(server["url"], max_queue=1, max_size=None)  # stops reading after 1 message
+    try:
+        await lazy.send(json.dumps({"type": "session.start", "output_sample_rate": 48000}))
+        await lazy.send(json.dumps({"type": "text.input", "text": "Tell me a very long story about the sea."}))
+        await asyncio.sleep(2.0)
+        async with Client(server["url"]) as c:
+            await c.start(sample_rate=16000)
+            t0 = asyncio.get_running_loop().time()
+            await c.send_json({"type": "text.input", "text": "What is the capital of France?"})
+            done = await c.wait_for("response.done", 60)
+            assert "paris" in done["text"].lower()
+            assert asyncio.get_running_loop().time() - t0 < 30
+        assert rss_mb(server["proc"].pid) - before < 300
+    finally:
+        lazy.transport.abort()
