@@ -22,7 +22,8 @@ class TurnConfig:
         min_speech_ms: speech shorter than this is dropped as a click or cough (250 ms).
         end_silence_ms: silence that ends a turn (500 ms).
         pad_ms: audio kept before speech start and after speech end (200 ms).
-        max_turn_s: a turn is cut at this length (30 s, Whisper's window).
+        max_turn_s: a turn is cut at this length (120 s; streaming ASR keeps its own
+            buffer under Whisper's 30 s window, so turns may be longer).
         merge_window_ms: speech that resumes within this long after a turn ended
             continues that turn: its reply is cancelled and the whole utterance is
             transcribed again (2000 ms), so a pause mid-thought gets one reply.
@@ -33,16 +34,17 @@ class TurnConfig:
     min_speech_ms: int = 250
     end_silence_ms: int = 500
     pad_ms: int = 200
-    max_turn_s: float = 30.0
+    max_turn_s: float = 120.0
     merge_window_ms: int = 2000
 
 
 @dataclass(slots=True, kw_only=True)
 class AsrConfig:
-    """Whisper ASR.
+    """Whisper ASR: the shared engine and the per-session streaming policy.
 
     Attributes:
-        model: ``tiny.en`` (package default) or a local CTranslate2 Whisper folder.
+        model: ``tiny.en`` (package default), ``base`` (multilingual) or a local
+            CTranslate2 Whisper folder.
         device: ``cpu`` or ``cuda``; ``auto`` picks CUDA when CTranslate2 sees one.
         compute_type: CTranslate2 compute type (``int8`` on CPU, ``float16`` on CUDA).
         threads: CPU threads for CTranslate2 (1: DESIGN.md §3 thread budget).
@@ -52,6 +54,19 @@ class AsrConfig:
         log_prob_threshold: average log-probability under which a segment is suspect (−1.0).
         compression_ratio_threshold: gzip ratio above which a segment is a repetition loop (2.4).
         queue_size: bounded request queue; a full queue answers ``busy``.
+        max_batch_size: most decode requests (from any sessions) run together (8).
+        max_wait_ms: how long a lone request waits for company (20 ms).
+        encoder_batch: requests per encoder call; 0 = auto (1 on CPU, where batched
+            encodes were slower per item; all of a group on CUDA).
+        min_chunk_ms: a session's buffer is re-decoded after this much new audio (1000 ms).
+        pad_s: silence after the audio in the encoder window (3 s; less made Whisper loop).
+        bucket_s: encoder windows are multiples of this (5 s), so requests of similar
+            length share a batch.
+        trim_s: once a session's buffer is longer than this, it is cut at a committed
+            word (8 s); the committed text becomes the decoding prompt.
+        max_buffer_s: a buffer never grows past this (20 s): words still not agreed on
+            are committed and cut, so Whisper's 30 s window is never exceeded.
+        prompt_tokens: tokens of earlier committed text used as the prompt (24).
     """
 
     model: str = "tiny.en"
@@ -63,6 +78,15 @@ class AsrConfig:
     log_prob_threshold: float = -1.0
     compression_ratio_threshold: float = 2.4
     queue_size: int = 64
+    max_batch_size: int = 8
+    max_wait_ms: float = 20.0
+    encoder_batch: int = 0
+    min_chunk_ms: int = 1000
+    pad_s: float = 3.0
+    bucket_s: float = 5.0
+    trim_s: float = 8.0
+    max_buffer_s: float = 20.0
+    prompt_tokens: int = 24
 
 
 @dataclass(slots=True, kw_only=True)
@@ -100,12 +124,15 @@ class TtsConfig:
         threads: onnxruntime intra-op threads (1).
         workers: synthesizer threads sharing the voice (1).
         queue_size: bounded job queue.
+        playback_lead_s: reply audio is sent at most this far ahead of real-time
+            playback (1.0 s), so a barge-in silences the client quickly.
     """
 
     voice: str = "joe"
     threads: int = 1
     workers: int = 1
     queue_size: int = 64
+    playback_lead_s: float = 1.0
 
 
 @dataclass(slots=True, kw_only=True)
@@ -150,8 +177,15 @@ class VoxpipeConfig:
             raise ValueError("turn: need 0 < neg_threshold < threshold < 1")
         if t.end_silence_ms < 100 or t.min_speech_ms < 0 or t.pad_ms < 0:
             raise ValueError("turn: end_silence_ms >= 100, min_speech_ms >= 0, pad_ms >= 0")
-        if not 1.0 <= t.max_turn_s <= 30.0:
-            raise ValueError("turn: max_turn_s must be within 1..30 s (Whisper's window)")
+        if not 1.0 <= t.max_turn_s <= 3600.0:
+            raise ValueError("turn: max_turn_s must be within 1..3600 s")
+        a = self.asr
+        if a.max_batch_size < 1 or a.max_wait_ms < 0 or a.encoder_batch < 0 or a.min_chunk_ms < 100:
+            raise ValueError("asr: max_batch_size >= 1, max_wait_ms >= 0, encoder_batch >= 0, min_chunk_ms >= 100")
+        if not (1.0 <= a.pad_s and 0.5 <= a.bucket_s and 2.0 <= a.trim_s < a.max_buffer_s
+                and a.max_buffer_s + a.pad_s <= 30.0):
+            raise ValueError("asr: need pad_s >= 1, bucket_s >= 0.5, 2 <= trim_s < max_buffer_s, "
+                             "max_buffer_s + pad_s <= 30 (Whisper's window)")
         for name, n in (("asr.threads", self.asr.threads), ("llm.threads", self.llm.threads),
                         ("tts.threads", self.tts.threads), ("tts.workers", self.tts.workers)):
             if n < 1:

@@ -11,30 +11,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
-from audio.pcm import AudioFormatError, PcmDecoder, PcmFormat, float_to_pcm16, resample
+from audio.pcm import AudioFormatError, PcmDecoder, PcmFormat
 
 from . import metrics
 from .asr import AsrRequest
-from .chunker import SentenceChunker, speakable
 from .config import VoxpipeConfig
 from .endpointing import Endpointer, SpeechEnd, SpeechStart
 from .engines import Engines
 from .history import ChatHistory
-from .llm import GenRequest
+from .responder import Responder
 from .worker import Busy
 
 logger = logging.getLogger(__name__)
 
 RATE = 16000
-AUDIO_CHUNK_S = 0.2
-"""Reply audio is sent in binary frames of about this many seconds."""
-EMPTY_REPLY = "Sorry, I don't have an answer to that."
-"""Spoken when the LLM returns nothing speakable (CASES.md C13)."""
 
 
 class Outbox(Protocol):
@@ -47,9 +42,12 @@ class Outbox(Protocol):
 
 @dataclass(slots=True)
 class _Response:
-    rid: int
-    task: asyncio.Task
-    spoken: list[str] = field(default_factory=list)
+    responder: Responder
+    task: asyncio.Task | None = None
+
+    @property
+    def rid(self) -> int:
+        return self.responder.rid
 
 
 class Session:
@@ -252,111 +250,27 @@ class Session:
             return
         resp.task.cancel()
         await asyncio.gather(resp.task, return_exceptions=True)
-        spoken = " ".join(resp.spoken).strip()
+        spoken = " ".join(resp.responder.spoken).strip()
         await self.out.event("response.cancelled", response_id=resp.rid, spoken_text=spoken)
 
     async def _begin_response(self, user_text: str, *, t_end: float, asr_ms: float) -> None:
         await self._cancel_current()
         self._next_rid += 1
-        rid = self._next_rid
-        resp = _Response(rid=rid, task=None)  # type: ignore[arg-type]
+        resp = _Response(Responder(rid=self._next_rid, engines=self.engines, cfg=self.cfg, out=self.out,
+                                   history=self.history, output_rate=self.output_rate, error=self.error))
         resp.task = self._spawn(self._reply(resp, user_text, t_end, asr_ms))
         self._response = resp
 
     async def _reply(self, resp: _Response, user_text: str, t_end: float, asr_ms: float) -> None:
-        rid, llm, cfg = resp.rid, self.engines.llm, self.cfg.llm
-        t0 = time.perf_counter()
-        timings = {"asr": round(asr_ms, 1)}
-        await self.out.event("response.started", response_id=rid, user_text=user_text)
-        messages = await asyncio.to_thread(self.history.prompt, user_text, llm.count_tokens,
-                                           cfg.max_context_tokens - cfg.max_new_tokens)
         try:
-            stream = llm.submit(GenRequest(messages=messages, max_new_tokens=cfg.max_new_tokens))
+            await resp.responder.run(user_text, t_end=t_end, asr_ms=asr_ms)
         except Busy as exc:
             await self.error("busy", str(exc))
-            self._finish(resp)
-            return
-        speaker = _Speaker(self, resp, t0, t_end)
-        speaker_task = asyncio.create_task(speaker.run())
-        chunker = SentenceChunker()
-        text = ""
-        try:
-            async for delta in stream:
-                text += delta
-                await self.out.event("response.text.delta", response_id=rid, delta=delta)
-                for phrase in chunker.push(delta):
-                    await speaker.say(phrase)
-            fallback = not speakable(text)
-            if fallback:
-                text = EMPTY_REPLY
-                await self.out.event("response.text.delta", response_id=rid, delta=text)
-                await speaker.say(text)
-            for phrase in chunker.flush():
-                await speaker.say(phrase)
-            await speaker.say(None)
-            await speaker_task
         except asyncio.CancelledError:
-            stream.abort()
-            speaker_task.cancel()
-            await asyncio.gather(speaker_task, return_exceptions=True)
-            self.history.add_turn(user_text, " ".join(resp.spoken))
             raise
-        except Exception as exc:  # noqa: BLE001
-            stream.abort()
-            speaker_task.cancel()
+        except Exception as exc:  # noqa: BLE001 - this reply fails, the session goes on
             logger.exception("session %s: reply failed", self.id)
             await self.error("reply_failed", f"reply failed: {exc}")
-            self._finish(resp)
-            return
-        st = stream.stats
-        timings.update(llm_ttft=round(st.ttft_ms, 1), llm_tpot=round(st.tpot_ms, 1), **speaker.timings)
-        metrics.LLM_TTFT.observe(st.ttft_ms / 1000)
-        if st.tpot_ms:
-            metrics.LLM_TPOT.observe(st.tpot_ms / 1000)
-        self.history.add_turn(user_text, text)
-        self._finish(resp)
-        await self.out.event("response.done", response_id=rid, text=text, fallback=fallback,
-                             finish_reason=st.finish_reason, output_tokens=st.output_tokens,
-                             audio_s=round(speaker.audio_s, 3), timings_ms=timings)
-
-    def _finish(self, resp: _Response) -> None:
-        if self._response is resp:
-            self._response = None
-
-
-class _Speaker:
-    """Speaks one response's phrases in order: TTS → resample → binary frames."""
-
-    def __init__(self, session: Session, resp: _Response, t_start: float, t_end: float) -> None:
-        self.s, self.resp, self.t_start, self.t_end = session, resp, t_start, t_end
-        self.queue: asyncio.Queue[str | None] = asyncio.Queue()
-        self.timings: dict[str, float] = {}
-        self.audio_s = 0.0
-
-    async def say(self, phrase: str | None) -> None:
-        await self.queue.put(phrase)
-
-    async def run(self) -> None:
-        s = self.s
-        while (phrase := await self.queue.get()) is not None:
-            if not speakable(phrase):
-                continue
-            try:
-                speech = await s.engines.tts.run(phrase)
-            except Exception as exc:  # noqa: BLE001 - skip the phrase, keep speaking
-                await s.error("tts_failed", f"could not speak a phrase: {exc}")
-                continue
-            if len(speech.audio) == 0:
-                continue
-            audio = await asyncio.to_thread(resample, speech.audio, speech.sample_rate, s.output_rate)
-            self.resp.spoken.append(phrase)
-            step = int(s.output_rate * AUDIO_CHUNK_S)
-            for i in range(0, len(audio), step):
-                if "first_audio" not in self.timings:
-                    now = time.perf_counter()
-                    self.timings["first_audio"] = round((now - self.t_start) * 1000, 1)
-                    self.timings["voice_to_voice"] = round((now - self.t_end) * 1000, 1)
-                    metrics.FIRST_AUDIO.observe(now - self.t_start)
-                    metrics.VOICE_TO_VOICE.observe(now - self.t_end)
-                await s.out.audio(self.resp.rid, float_to_pcm16(audio[i : i + step]))
-            self.audio_s += len(audio) / s.output_rate
+        finally:
+            if self._response is resp:
+                self._response = None
