@@ -216,3 +216,34 @@ async def test_pause_mid_thought_gives_one_reply_to_the_whole_utterance(server, 
         whole = await c.wait_for(lambda e: e["type"] == "response.started" and wer(ref, e["user_text"]) <= 0.15, 60)
         done = await c.wait_for(lambda e: e["type"] == "response.done" and e["response_id"] == whole["response_id"], 60)
         assert done["text"]
+
+
+async def test_invalid_utf8_text_frame_closes_only_that_connection(server):
+    """RFC 6455 §8.1 requires failing the connection (1007); other sessions go on."""
+    async with Client(server["url"]) as other:
+        await other.start(sample_rate=16000)
+        async with Client(server["url"]) as bad:
+            await bad.start(sample_rate=16000)
+            await bad.ws.send(b"\xff\xfe{bad", text=True)
+            await bad.ws.wait_closed()
+            assert bad.ws.close_code == 1007
+        await other.send_json({"type": "text.input", "text": "Say hi."})
+        assert (await other.wait_for("response.done", 60))["text"]
+
+
+async def test_tiny_and_odd_audio_frames_still_transcribe(server, audio_dir):
+    """C07: 1-, 3- and 321-byte frames; samples split across frames are reassembled."""
+    x = clip16k(audio_dir, "en_cmu_goforward.wav")
+    data = pcm16(x)
+    async with Client(server["url"]) as c:
+        await c.start(sample_rate=16000)
+        sizes, i, k = [1, 3, 321], 0, 0
+        while i < len(data):
+            n = sizes[k % 3] if i < 4000 else 3201  # the first frames tiny, then odd-sized
+            await c.ws.send(data[i : i + n])
+            i, k = i + n, k + 1
+        await c.ws.send(b"\x01")  # a dangling half sample at the end
+        await c.send_json({"type": "input.end"})
+        ev = await c.wait_for(lambda e: e["type"] in ("transcript.final", "turn.empty"), 60)
+        assert ev["type"] == "transcript.final" and "forward" in normalize(ev["text"])
+        assert not c.conv.of("error")
