@@ -1,19 +1,26 @@
-"""Whisper ASR (faster-whisper / CTranslate2) behind a batched worker.
+"""The process-wide ASR stage: one Whisper model (faster-whisper / CTranslate2) behind a
+batching worker.
 
-One :class:`AsrEngine` per process owns the model; sessions submit whole utterances
-(16 kHz mono float32) and await a :class:`Transcript`. faster-whisper's lazy
-``segments`` generator is iterated inside the worker thread, never on the event loop.
+Sessions submit :class:`~pipeline.asr_decode.DecodeRequest` (streaming updates of their
+audio buffers, see :mod:`pipeline.asr_stream`); the worker thread collects the requests
+of all sessions that arrive within ``max_wait_ms`` (up to ``max_batch_size``) and
+decodes them together (:class:`~pipeline.asr_decode.BatchDecoder`). A whole utterance
+can also be submitted as an :class:`AsrRequest` (faster-whisper's own ``transcribe``,
+Whisper's 30 s windows: the offline reference). Model code — including iterating
+faster-whisper's lazy ``segments`` generator — only ever runs in the worker thread.
 """
 
 from __future__ import annotations
 
 import logging
-import re
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from .asr_decode import BatchDecoder, DecodeRequest, DecodeResult
+from .asr_guards import cut_repetition
+from .asr_models import load_whisper
 from .config import AsrConfig
 from .worker import BatchWorker
 
@@ -21,13 +28,16 @@ logger = logging.getLogger(__name__)
 
 RATE = 16000
 
+__all__ = ["AsrEngine", "AsrRequest", "DecodeRequest", "DecodeResult", "Transcript", "cut_repetition",
+           "load_whisper"]
+
 
 @dataclass(slots=True)
 class AsrRequest:
-    """One utterance to transcribe.
+    """One whole utterance to transcribe offline.
 
     Attributes:
-        audio: float32 samples at 16 kHz, shape (n,).
+        audio: float32 samples at 16 kHz, shape (n,), any length.
         language: ISO code such as ``en``, or None to detect (multilingual models only).
     """
 
@@ -54,90 +64,59 @@ class Transcript:
     dropped: list[str] = field(default_factory=list)
 
 
-def load_whisper(cfg: AsrConfig):
-    """Load the Whisper model named by ``cfg.model`` (``tiny.en`` or a local folder).
-
-    Raises:
-        ModelNotInstalled: the model package is missing.
-        ValueError: ``cfg.model`` is neither a known name nor a folder.
-    """
-    import os
-
-    from faster_whisper import WhisperModel
-
-    from . import model_files
-
-    if cfg.model == "tiny.en":
-        path = model_files.whisper_tiny_en_dir()
-    elif os.path.isdir(cfg.model):
-        path = cfg.model
-    else:
-        raise ValueError(f"unknown ASR model {cfg.model!r}: use 'tiny.en' or a CTranslate2 Whisper folder")
-    device = cfg.device
-    if device == "auto":
-        import ctranslate2
-
-        device = "cuda" if ctranslate2.get_cuda_device_count() > 0 else "cpu"
-    compute = cfg.compute_type
-    if compute == "auto":
-        compute = "float16" if device == "cuda" else "int8"
-    return WhisperModel(str(path), device=device, compute_type=compute, cpu_threads=cfg.threads, num_workers=1)
-
-
-_WORD = re.compile(r"[\w']+", re.UNICODE)
-
-
-def cut_repetition(text: str, *, max_repeats: int = 3, max_ngram: int = 8) -> str:
-    """Cut a runaway repetition loop: keep at most ``max_repeats`` consecutive copies of
-    any n-gram (n ≤ ``max_ngram`` words); the words after the loop are kept.
-
-    Whisper is known to loop on hesitant or noisy audio (CASES.md C02); the compression
-    ratio guard catches long loops, this catches short ones.
-    """
-    words = text.split()
-    keys = [w.lower().strip(".,!?") for w in words]
-    i = 0
-    while i < len(words):
-        for n in range(1, max_ngram + 1):
-            gram = keys[i : i + n]
-            if len(gram) < n:
-                break
-            reps = 1
-            while keys[i + reps * n : i + (reps + 1) * n] == gram:
-                reps += 1
-            if reps > max_repeats:
-                cut = slice(i + max_repeats * n, i + reps * n)
-                del words[cut], keys[cut]
-                break
-        i += 1
-    return " ".join(words)
-
-
-class AsrEngine(BatchWorker[AsrRequest, Transcript]):
+class AsrEngine(BatchWorker[DecodeRequest | AsrRequest, DecodeResult | Transcript]):
     """The process-wide ASR stage.
 
     Args:
         model: a ``faster_whisper.WhisperModel``.
-        cfg: thresholds and queue size (see :class:`AsrConfig`).
+        cfg: batching, streaming and guard settings (see :class:`AsrConfig`).
     """
 
     def __init__(self, model, cfg: AsrConfig) -> None:
-        super().__init__("asr", queue_size=cfg.queue_size, max_batch_size=1)
+        super().__init__("asr", queue_size=cfg.queue_size, max_batch_size=cfg.max_batch_size,
+                         max_wait_ms=cfg.max_wait_ms)
         self.model = model
         self.cfg = cfg
-        self.english_only = not getattr(model.model, "is_multilingual", True)
+        self.multilingual = bool(getattr(model.model, "is_multilingual", True))
+        self.english_only = not self.multilingual
+        self.decoder = BatchDecoder(model, cfg)
+        self.batch_sizes: list[int] = []  # recent streaming batch sizes (metrics, benchmark)
+        self.busy_s = 0.0  # time spent in process_batch (s)
 
-    def process_batch(self, items: list[AsrRequest]) -> list[Transcript | BaseException]:
-        out: list[Transcript | BaseException] = []
-        for item in items:
-            try:
-                out.append(self.transcribe(item))
-            except Exception as exc:  # noqa: BLE001 - one bad request must not fail others
-                out.append(exc)
+    @property
+    def languages(self) -> list[str]:
+        """Language codes the model accepts (``["en"]`` for English-only models)."""
+        return list(self.model.supported_languages) if self.multilingual else ["en"]
+
+    def process_batch(self, items: list[DecodeRequest | AsrRequest]) -> list[DecodeResult | Transcript | BaseException]:
+        t0 = time.perf_counter()
+        try:
+            return self._process(items)
+        finally:
+            self.busy_s += time.perf_counter() - t0
+
+    def _process(self, items: list[DecodeRequest | AsrRequest]) -> list[DecodeResult | Transcript | BaseException]:
+        out: list = [None] * len(items)
+        stream = [i for i, it in enumerate(items) if isinstance(it, DecodeRequest)]
+        if stream:
+            self.batch_sizes = (self.batch_sizes + [len(stream)])[-1000:]
+            for i, res in zip(stream, self.decoder.decode([items[i] for i in stream])):
+                out[i] = res
+        for i, it in enumerate(items):
+            if out[i] is None:
+                try:
+                    out[i] = self.transcribe(it)
+                except Exception as exc:  # noqa: BLE001 - one bad request must not fail others
+                    out[i] = exc
         return out
 
+    def decode(self, reqs: list[DecodeRequest]) -> list[DecodeResult | BaseException]:
+        """Decode streaming requests synchronously as one batch (worker thread, tests, bench)."""
+        return self.decoder.decode(reqs)
+
     def transcribe(self, req: AsrRequest) -> Transcript:
-        """Transcribe one utterance synchronously (worker thread or warm-up)."""
+        """Transcribe one utterance with faster-whisper's ``transcribe`` (30 s windows;
+        any length) synchronously: the offline reference (worker thread, tests, bench)."""
         c = self.cfg
         language = "en" if self.english_only else req.language
         t0 = time.perf_counter()
@@ -157,7 +136,7 @@ class AsrEngine(BatchWorker[AsrRequest, Transcript]):
         for seg in segments:  # lazy generator: iterate here, in the worker thread
             text = seg.text.strip()
             silent = seg.no_speech_prob > c.no_speech_threshold and seg.avg_logprob < c.log_prob_threshold
-            if silent or seg.compression_ratio > c.compression_ratio_threshold or not _WORD.search(text):
+            if silent or seg.compression_ratio > c.compression_ratio_threshold or not any(ch.isalnum() for ch in text):
                 dropped.append(text)
             else:
                 kept.append(text)

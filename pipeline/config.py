@@ -25,8 +25,8 @@ class TurnConfig:
         max_turn_s: a turn is cut at this length (120 s; streaming ASR keeps its own
             buffer under Whisper's 30 s window, so turns may be longer).
         merge_window_ms: speech that resumes within this long after a turn ended
-            continues that turn: its reply is cancelled and the whole utterance is
-            transcribed again (2000 ms), so a pause mid-thought gets one reply.
+            continues that turn: its reply is cancelled and its transcript goes on from
+            the words already committed (2000 ms), so a pause mid-thought gets one reply.
     """
 
     threshold: float = 0.5

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from audio.vad import WINDOW
 
 from .config import TurnConfig
@@ -112,3 +114,18 @@ class Endpointer:
         self._start, self._confirmed = None, False
         self._speech_ms = self._silence_ms = 0.0
         return ev
+
+
+class AllSpeech:
+    """Stands in for a VAD stream when a session turns VAD off (``"vad": false``):
+    every 32 ms window counts as speech, so a turn runs from the first audio until
+    ``input.end`` or ``max_turn_s``."""
+
+    def __init__(self) -> None:
+        self._pending = 0
+
+    def feed(self, samples: np.ndarray) -> np.ndarray:
+        """Consume 16 kHz samples, shape (n,); return 1.0 per completed window (float32, (k,))."""
+        n = self._pending + len(samples)
+        self._pending = n % WINDOW
+        return np.ones(n // WINDOW, dtype=np.float32)

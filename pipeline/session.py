@@ -19,9 +19,10 @@ import numpy as np
 from audio.pcm import AudioFormatError, PcmDecoder, PcmFormat
 
 from . import metrics
-from .asr import AsrRequest
+from .asr_stream import Partial
+from .asr_turn import AsrTurn
 from .config import VoxpipeConfig
-from .endpointing import Endpointer, SpeechEnd, SpeechStart
+from .endpointing import AllSpeech, Endpointer, SpeechEnd, SpeechStart
 from .engines import Engines
 from .history import ChatHistory
 from .responder import Responder
@@ -75,24 +76,29 @@ class Session:
         self._pos = 0  # 16 kHz samples received
         self._next_rid = 0
         self._response: _Response | None = None
-        self._turn_task: asyncio.Task | None = None  # ASR of the latest turn
+        self._turn_task: asyncio.Task | None = None  # final ASR of the latest turn, then its reply
         self._last_turn: tuple[int, int] | None = None  # (start, end) samples of the latest turn
-        self._merge_from: int | None = None  # start of the turn that current speech continues
+        self._asr: AsrTurn | None = None  # streaming ASR of the speech in progress
+        self._last_asr: AsrTurn | None = None  # ... of the latest turn (speech may continue it)
         self._tasks: set[asyncio.Task] = set()
 
     # ---- client events -------------------------------------------------------------
 
     async def start(self, *, sample_rate: int, format: str, channels: int, output_sample_rate: int,
-                    system_prompt: str | None, language: str | None) -> None:
-        """Handle ``session.start``: (re)declare formats and reset the audio state."""
+                    system_prompt: str | None, language: str | None, vad: bool = True) -> None:
+        """Handle ``session.start``: (re)declare formats and reset the audio state.
+        With ``vad`` False every sample is speech: turns end at ``input.end``."""
         self.fmt = PcmFormat(sample_rate, format, channels)
         self._decoder = PcmDecoder(self.fmt)
-        self._vad = self.engines.vad.stream()
+        self._vad = self.engines.vad.stream() if vad else AllSpeech()
         self._endpointer = Endpointer(self.cfg.turn)
         self._chunks, self._buf_start, self._pos = [], 0, 0
-        self._last_turn = self._merge_from = None
+        for turn in (self._asr, self._last_asr):
+            if turn is not None:
+                turn.close()
+        self._last_turn = self._asr = self._last_asr = None
         self.output_rate = output_sample_rate
-        self.language = language
+        self.language = await self._asr_language(language)
         if system_prompt:
             self.history.system_prompt = system_prompt
         self.started = True
@@ -153,28 +159,37 @@ class Session:
 
     # ---- audio → turns -------------------------------------------------------------
 
+    async def _asr_language(self, language: str | None) -> str | None:
+        """The language to decode: None (detect) when not given; a code the model does
+        not know is reported and detected instead. English-only models ignore it."""
+        asr = self.engines.asr
+        if language is None or not getattr(asr, "multilingual", False):
+            return language
+        if language not in asr.languages:
+            await self.error("bad_event", f"unknown language {language!r}; detecting the language instead")
+            return None
+        return language
+
     async def _consume(self, samples: np.ndarray) -> None:
         if len(samples) == 0:
             return
         self._chunks.append(samples)
         self._pos += len(samples)
+        if self._asr is not None:
+            self._asr.feed(samples)  # streaming ASR of the speech in progress
         probs = await asyncio.to_thread(self._vad.feed, samples)
         for ev in self._endpointer.feed(probs):
             if isinstance(ev, SpeechStart):
                 await self.out.event("speech.started", audio_ms=int(ev.sample * 1000 / RATE))
-                await self._maybe_continue_turn(ev.sample)
+                await self._start_turn(ev.sample)
             elif isinstance(ev, SpeechEnd):
                 silence_s = (self._pos - ev.end) / RATE if ev.reason == "silence" else 0.0
                 await self._end_of_speech(ev, t_end=time.perf_counter() - silence_s)
-        if not self._endpointer.in_speech:
-            # Keep 1 s of pre-roll, any speech not yet confirmed, and the last turn while
-            # speech that starts now could still continue it.
-            pending = self._endpointer.pending_start
-            keep_from = self._pos - RATE if pending is None else min(self._pos - RATE, pending - self._pad())
-            ref = self._pos if pending is None else pending
-            if self._last_turn and ref - self._last_turn[1] <= self._merge_window():
-                keep_from = min(keep_from, self._last_turn[0] - self._pad())
-            self._trim(keep_from)
+        # The turn's audio lives in its AsrTurn; keep 1 s of pre-roll and any speech not
+        # yet confirmed.
+        pending = self._endpointer.pending_start
+        keep_from = self._pos - RATE if pending is None else min(self._pos - RATE, pending - self._pad())
+        self._trim(keep_from)
 
     def _merge_window(self) -> int:
         return int(self.cfg.turn.merge_window_ms * RATE / 1000)
@@ -190,17 +205,26 @@ class Session:
         buf = np.concatenate(self._chunks)[max(0, keep_from - self._buf_start) :]
         self._chunks, self._buf_start = [buf], self._pos - len(buf)
 
-    async def _maybe_continue_turn(self, start: int) -> None:
-        """Speech resumed soon after the last turn ended: treat it as the same turn."""
-        last = self._last_turn
-        if last is None or start - last[1] > self._merge_window():
-            return
-        if (start - last[0]) / RATE >= self.cfg.turn.max_turn_s * 0.8:
-            return
-        self._merge_from = last[0]
-        if self._turn_task is not None:
-            self._turn_task.cancel()
-        await self._cancel_current()
+    async def _start_turn(self, start: int) -> None:
+        """Speech started: stream it to the ASR. Speech that resumes soon after the last
+        turn ended continues that turn (its reply is cancelled; its words stay)."""
+        last, turn = self._last_turn, self._last_asr
+        if (last is not None and turn is not None and start - last[1] <= self._merge_window()
+                and (start - last[0]) / RATE < self.cfg.turn.max_turn_s * 0.8):
+            if self._turn_task is not None:
+                self._turn_task.cancel()
+            await self._cancel_current()
+            turn.reopen()
+        else:
+            self._last_turn = (start, start)
+            turn = AsrTurn(self.engines.asr, self.cfg.asr, language=self.language,
+                           on_partial=self._on_partial, spawn=self._spawn)
+        self._asr = self._last_asr = turn
+        turn.feed(self._slice(start - self._pad(), self._pos))
+
+    async def _on_partial(self, part: Partial) -> None:
+        await self.out.event("transcript.partial", committed=part.committed, unstable=part.unstable,
+                             text=part.text, language=part.language)
 
     def _slice(self, start: int, end: int) -> np.ndarray:
         buf = np.concatenate(self._chunks) if self._chunks else np.zeros(0, np.float32)
@@ -209,12 +233,14 @@ class Session:
         return buf[a:b]
 
     async def _end_of_speech(self, ev: SpeechEnd, *, t_end: float) -> None:
-        start = ev.start if self._merge_from is None else self._merge_from
-        self._merge_from = None
+        turn, self._asr = self._asr, None
+        start = self._last_turn[0] if self._last_turn else ev.start
         self._last_turn = (start, ev.end)
-        audio = self._slice(start - self._pad(), ev.end + self._pad())
         await self.out.event("speech.stopped", audio_ms=int(ev.end * 1000 / RATE), reason=ev.reason)
-        self._turn_task = self._spawn(self._transcribe_and_reply(audio, t_end))
+        if turn is None:
+            return
+        turn.end_input(drop_tail=max(0, self._pos - (ev.end + self._pad())))
+        self._turn_task = self._spawn(self._transcribe_and_reply(turn, t_end))
 
     def _spawn(self, coro) -> asyncio.Task:
         task = asyncio.create_task(coro)
@@ -222,9 +248,9 @@ class Session:
         task.add_done_callback(self._tasks.discard)
         return task
 
-    async def _transcribe_and_reply(self, audio: np.ndarray, t_end: float) -> None:
+    async def _transcribe_and_reply(self, turn: AsrTurn, t_end: float) -> None:
         try:
-            result = await self.engines.asr.run(AsrRequest(audio, self.language))
+            result = await turn.finish()
         except Busy as exc:
             await self.error("busy", str(exc))
             return
@@ -232,15 +258,16 @@ class Session:
             logger.exception("session %s: ASR failed", self.id)
             await self.error("asr_failed", f"transcription failed: {exc}")
             return
-        metrics.ASR_SECONDS.observe(result.decode_ms / 1000)
-        if result.audio_s > 0:
-            metrics.ASR_RTF.observe(result.decode_ms / 1000 / result.audio_s)
+        audio_s = turn.stream.total_s
+        metrics.ASR_SECONDS.observe(turn.decode_ms / 1000)
+        if audio_s > 0:
+            metrics.ASR_RTF.observe(turn.decode_ms / 1000 / audio_s)
         if not result.text:
             await self.out.event("turn.empty", reason="no_words")
             return
         await self.out.event("transcript.final", text=result.text, language=result.language,
-                             audio_ms=int(result.audio_s * 1000))
-        await self._begin_response(result.text, t_end=t_end, asr_ms=result.decode_ms)
+                             audio_ms=int(audio_s * 1000))
+        await self._begin_response(result.text, t_end=t_end, asr_ms=turn.last_decode_ms)
 
     # ---- replies -------------------------------------------------------------------
 

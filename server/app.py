@@ -126,7 +126,7 @@ class VoxpipeServer:
         if isinstance(ev, SessionStart):
             await session.start(sample_rate=ev.sample_rate, format=ev.format, channels=ev.channels,
                                 output_sample_rate=ev.output_sample_rate, system_prompt=ev.system_prompt,
-                                language=ev.language)
+                                language=ev.language, vad=ev.vad)
         elif isinstance(ev, InputEnd):
             await session.end_input()
         elif isinstance(ev, TextInput):

@@ -19,7 +19,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8765)
     s.add_argument("--llm", default="qwen", help="qwen (default), smollm2, or a local transformers folder")
-    s.add_argument("--asr-model", default="tiny.en", help="tiny.en (default) or a CTranslate2 Whisper folder")
+    s.add_argument("--asr-model", default="tiny.en",
+                   help="tiny.en (default), base (multilingual, detects the language) or a CTranslate2 Whisper folder")
+    s.add_argument("--asr-batch-size", type=int, default=8, help="ASR decode requests (any sessions) run together")
     s.add_argument("--voice", default="joe", help="joe (default) or a Piper .onnx voice path")
     s.add_argument("--device", default="auto", help="auto | cpu | cpu-fp32 | cuda")
     s.add_argument("--llm-threads", type=int, default=1, help="torch threads for the LLM")
@@ -83,7 +85,7 @@ def _serve(args) -> int:
     from pipeline.scheduler import SchedulerConfig
 
     cfg = VoxpipeConfig(
-        asr=AsrConfig(model=args.asr_model),
+        asr=AsrConfig(model=args.asr_model, max_batch_size=args.asr_batch_size),
         llm=LlmConfig(model=args.llm, device=args.device, threads=args.llm_threads,
                       max_new_tokens=args.max_new_tokens),
         llm_batch=SchedulerConfig(max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms),
@@ -128,8 +130,9 @@ def _ask(args) -> int:
     from .client import ServerUnavailable, ask, save_reply
 
     try:
+        live = None if args.json else (lambda p: print(f"  ... {p['text']}", flush=True))
         res = asyncio.run(ask(args.audio, url=args.url, fast=args.fast, timeout_s=args.timeout,
-                              language=args.language))
+                              language=args.language, on_partial=live))
     except ServerUnavailable as exc:
         print(f"voxpipe ask: {exc}", file=sys.stderr)
         return 3

@@ -6,6 +6,7 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -30,6 +31,7 @@ class AskResult:
     reply_audio: list[np.ndarray] = field(default_factory=list)
     output_rate: int = 24000
     timings_ms: dict = field(default_factory=dict)
+    partials: list[dict] = field(default_factory=list)
     events: list[dict] = field(default_factory=list)
     errors: list[dict] = field(default_factory=list)
 
@@ -39,7 +41,8 @@ class AskResult:
 
     def as_json(self) -> dict:
         return {"transcript": self.transcript, "reply_text": self.reply_text,
-                "reply_audio_s": round(self.reply_audio_s, 3), "timings_ms": self.timings_ms}
+                "reply_audio_s": round(self.reply_audio_s, 3), "timings_ms": self.timings_ms,
+                "partials": self.partials}
 
 
 def _pcm16_frames(path: str) -> tuple[list[bytes], int, int]:
@@ -53,10 +56,12 @@ def _pcm16_frames(path: str) -> tuple[list[bytes], int, int]:
 
 
 async def ask(path: str, *, url: str, fast: bool = False, output_rate: int = 24000,
-              timeout_s: float = 120.0, language: str | None = None) -> AskResult:
+              timeout_s: float = 120.0, language: str | None = None,
+              on_partial: Callable[[dict], None] | None = None) -> AskResult:
     """Stream ``path`` (any soundfile-readable file, sent as PCM16 at its own rate and
     channel count) at real-time pace (or as fast as possible), send ``input.end``, and
-    wait for the reply.
+    wait for the reply. ``on_partial`` is called with each ``{"t_ms", "text"}`` partial
+    transcript as it arrives (``t_ms``: since the first audio was sent).
 
     Raises:
         ServerUnavailable: nothing accepts a WebSocket at ``url``.
@@ -91,7 +96,7 @@ async def ask(path: str, *, url: str, fast: bool = False, output_rate: int = 240
 
         send_task = asyncio.create_task(sender())
         try:
-            await asyncio.wait_for(_receive(ws, res, marks, fast), timeout_s)
+            await asyncio.wait_for(_receive(ws, res, marks, on_partial), timeout_s)
         finally:
             send_task.cancel()
             await asyncio.gather(send_task, return_exceptions=True)
@@ -99,7 +104,7 @@ async def ask(path: str, *, url: str, fast: bool = False, output_rate: int = 240
     return res
 
 
-async def _receive(ws, res: AskResult, marks: dict, fast: bool) -> None:
+async def _receive(ws, res: AskResult, marks: dict, on_partial: Callable[[dict], None] | None) -> None:
     audio: dict[int, list[np.ndarray]] = {}
     async for msg in ws:
         now = time.perf_counter()
@@ -111,7 +116,11 @@ async def _receive(ws, res: AskResult, marks: dict, fast: bool) -> None:
         ev = json.loads(msg)
         res.events.append(ev)
         kind = ev["type"]
-        if kind == "speech.stopped":
+        if kind == "transcript.partial" and "t0" in marks:
+            res.partials.append({"t_ms": round((now - marks["t0"]) * 1000, 1), "text": ev["text"]})
+            if on_partial is not None:
+                on_partial(res.partials[-1])
+        elif kind == "speech.stopped":
             marks["speech_end_audio_ms"] = ev["audio_ms"]
             marks.setdefault("speech_stopped", now)
         elif kind == "transcript.final":

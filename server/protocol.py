@@ -35,6 +35,7 @@ class SessionStart(_Event):
     output_sample_rate: int = Field(24000, ge=8000, le=48000, description="reply audio rate (Hz)")
     system_prompt: str | None = Field(None, max_length=MAX_TEXT_CHARS)
     language: str | None = Field(None, min_length=2, max_length=8)
+    vad: bool = Field(True, description="server VAD finds turns; false: a turn ends at input.end")
 
 
 class InputEnd(_Event):

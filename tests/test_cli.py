@@ -24,7 +24,11 @@ def test_ask_json_prints_one_object_and_writes_audio(server, audio_dir, manifest
     lines = [ln for ln in r.stdout.splitlines() if ln.strip()]
     assert len(lines) == 1
     res = json.loads(lines[0])
-    assert set(res) == {"transcript", "reply_text", "reply_audio_s", "timings_ms"}
+    assert set(res) == {"transcript", "reply_text", "reply_audio_s", "timings_ms", "partials"}
+    partials = res["partials"]  # live partial transcripts of the 11 s clip, in order
+    assert len(partials) >= 3 and all(set(p) == {"t_ms", "text"} for p in partials)
+    assert [p["t_ms"] for p in partials] == sorted(p["t_ms"] for p in partials)
+    assert partials[0]["t_ms"] < 5000 and "fellow" in " ".join(p["text"] for p in partials).lower()
     assert wer(manifest[JFK]["reference_transcript"], res["transcript"]) <= 0.15
     assert res["reply_text"] and res["reply_audio_s"] >= 0.5
     t = res["timings_ms"]

@@ -1,0 +1,114 @@
+"""Drive one session's :class:`~pipeline.asr_stream.StreamingTranscript` against the
+shared ASR engine (asyncio side; the model runs in the engine's worker thread).
+
+At most one request per session is in flight: the next update is sent once the last one
+is answered and ``min_chunk_ms`` of new audio has arrived, so a slow engine makes a
+session's updates less frequent instead of piling up requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Awaitable, Callable
+
+import numpy as np
+
+from .asr_stream import Partial, StreamingTranscript
+from .config import AsrConfig
+from .worker import Busy
+
+logger = logging.getLogger(__name__)
+
+MAX_PRE_FINAL = 4
+"""Extra decodes allowed before the final one when the buffer outgrew one window."""
+
+
+class AsrTurn:
+    """Streaming ASR for one turn of one session.
+
+    Args:
+        engine: the shared :class:`~pipeline.asr.AsrEngine` (anything with ``run``).
+        cfg: streaming settings.
+        language: ISO code or None (detect).
+        on_partial: awaited with each new :class:`Partial` that has words.
+        spawn: starts a task the session owns (cancelled when the session closes).
+    """
+
+    def __init__(self, engine, cfg: AsrConfig, *, language: str | None,
+                 on_partial: Callable[[Partial], Awaitable[None]],
+                 spawn: Callable[..., asyncio.Task]) -> None:
+        self.engine, self.on_partial, self._spawn = engine, on_partial, spawn
+        self.stream = StreamingTranscript(cfg, language=language)
+        self.open = True
+        self.updates = 0
+        self.decode_ms = 0.0  # model time of this turn's decodes (ms; a batch's time counts whole)
+        self.last_decode_ms = 0.0
+        self._task: asyncio.Task | None = None
+
+    def feed(self, samples: np.ndarray) -> None:
+        """Add 16 kHz float32 samples; starts an update when one is due."""
+        self.stream.feed(samples)
+        if self.open and self._task is None and self.stream.due():
+            self._task = self._spawn(self._update())
+
+    async def _update(self) -> None:
+        try:
+            part = await self._decode(final=False)
+        except Busy:
+            return  # the engine is saturated: try again with more audio
+        except Exception:  # noqa: BLE001 - a failed partial is not fatal; the final reports errors
+            logger.exception("partial transcription failed")
+            return
+        finally:
+            self._task = None
+        self.updates += 1
+        if part.text and self.open:
+            await self.on_partial(part)
+
+    async def _decode(self, *, final: bool) -> Partial:
+        req = self.stream.request(final=final)
+        try:
+            result = await self.engine.run(req)
+        except BaseException:
+            self.stream.cancel()
+            raise
+        self.last_decode_ms = result.decode_ms
+        self.decode_ms += result.decode_ms
+        logger.debug("asr update: %.1f s buffer, %.0f ms, batch %d, window %.0f s, %r%s",
+                     len(req.audio) / 16000, result.decode_ms, result.batch, result.window_s, result.text,
+                     f" (dropped: {result.dropped})" if result.dropped else "")
+        return self.stream.apply(result)
+
+    def end_input(self, *, drop_tail: int = 0) -> None:
+        """The turn's speech is over: take no more audio and drop the last ``drop_tail``
+        samples (the silence that ended it)."""
+        self.open = False
+        self.stream.drop_tail(drop_tail)
+
+    async def finish(self) -> Partial:
+        """Wait for the update in flight, decode the rest of the buffer and commit
+        everything (after :meth:`end_input`).
+
+        Raises:
+            Busy: the engine queue is full.
+            Exception: the decode failed.
+        """
+        self.open = False
+        if self._task is not None:
+            await asyncio.gather(self._task, return_exceptions=True)
+        for _ in range(MAX_PRE_FINAL):
+            if self.stream.fits_final():
+                break
+            await self._decode(final=False)
+        return await self._decode(final=True)
+
+    def reopen(self) -> None:
+        """Speech resumed: continue this turn (its committed words stay)."""
+        self.open = True
+
+    def close(self) -> None:
+        """Stop: cancel the update in flight."""
+        self.open = False
+        if self._task is not None:
+            self._task.cancel()

@@ -1,0 +1,182 @@
+"""Streaming ASR through a real server on loopback (CASES C01, C03, idle sessions):
+partial transcripts, VAD on and off, languages."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+
+from audio.pcm import resample
+from audio.wav import read_mono
+from tests.conftest import ROOT, free_port
+from tests.wsclient import Client, wer
+
+RATE = 16000
+FRAME = RATE // 50  # 20 ms
+
+
+def clip(audio_dir, name) -> np.ndarray:
+    x, sr = read_mono(audio_dir / name)
+    return resample(x, sr, RATE)
+
+
+def pcm16(x: np.ndarray) -> bytes:
+    return (np.clip(x, -1, 1) * 32767).astype("<i2").tobytes()
+
+
+async def send_paced(c: Client, x: np.ndarray, speed: float, sent: list | None = None) -> None:
+    """Send ``x`` in 20 ms PCM16 frames at ``speed`` × real time; ``sent[0]`` tracks the
+    audio seconds sent so far."""
+    t0 = time.perf_counter()
+    for i in range(0, len(x), FRAME):
+        delay = t0 + i / RATE / speed - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        await c.ws.send(pcm16(x[i : i + FRAME]))
+        if sent is not None:
+            sent[0] = (i + FRAME) / RATE
+
+
+async def turn_result(c: Client, n: int, timeout: float = 60) -> dict:
+    """Wait for the end of the turn (``transcript.final`` or ``turn.empty``) after event ``n``."""
+    return await c.wait_for(lambda e: e["type"] in ("transcript.final", "turn.empty")
+                            and c.conv.events.index(e) >= n, timeout)
+
+
+@pytest.fixture(scope="module")
+def base_server(tmp_path_factory):
+    """``voxpipe serve --asr-model base`` (multilingual Whisper base) on a free port."""
+    port = free_port()
+    log = tmp_path_factory.mktemp("base") / "serve.log"
+    fh = open(log, "w")
+    proc = subprocess.Popen([sys.executable, "-m", "server.cli", "serve", "--llm", "smollm2", "--asr-model", "base",
+                             "--port", str(port)], cwd=ROOT, env=dict(os.environ, OMP_WAIT_POLICY="PASSIVE"),
+                            stdout=fh, stderr=subprocess.STDOUT)
+    deadline = time.time() + 300
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(f"server exited:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            pass
+        if time.time() > deadline:
+            proc.kill()
+            pytest.fail(f"server not ready:\n{log.read_text()[-3000:]}")
+        time.sleep(0.5)
+    yield f"ws://127.0.0.1:{port}/ws"
+    proc.terminate()
+    proc.wait(timeout=20)
+    fh.close()
+
+
+@pytest.mark.parametrize("language", ["en", "zh"])
+@pytest.mark.parametrize("vad", [True, False])
+@pytest.mark.parametrize("kind", ["zeros", "noise-60dBFS"])
+async def test_silence_and_room_tone_give_no_transcript_and_no_reply(base_server, kind, vad, language):
+    """C01: 20 s of digital silence or −60 dBFS white noise (4× real time), then close."""
+    rng = np.random.default_rng(1)
+    n = 20 * RATE
+    x = np.zeros(n, np.float32) if kind == "zeros" else (rng.standard_normal(n) * 1e-3).astype(np.float32)
+    async with Client(base_server) as c:
+        await c.start(sample_rate=RATE, language=language, vad=vad)
+        await send_paced(c, x, speed=4.0)
+        await c.send_json({"type": "input.end"})
+        end = await turn_result(c, 0)
+        assert end["type"] == "turn.empty"
+        texts = [e["text"] for e in c.conv.events if e["type"] in ("transcript.partial", "transcript.final")]
+        assert all(t == "" for t in texts), texts
+        await asyncio.sleep(0.3)
+        assert not c.conv.of("response.started") and not c.conv.audio
+
+
+async def test_language_is_detected_when_not_given(base_server, audio_dir, manifest):
+    name = "de_fleurs_001.wav"
+    async with Client(base_server) as c:
+        await c.start(sample_rate=RATE, vad=False)
+        await send_paced(c, clip(audio_dir, name), speed=2.0)
+        await c.send_json({"type": "input.end"})
+        final = await turn_result(c, 0)
+        assert final["type"] == "transcript.final" and final["language"] == "de"
+        assert wer(manifest[name]["reference_transcript"], final["text"]) <= 0.5, final["text"]
+        assert c.conv.of("transcript.partial")
+
+
+async def test_unknown_language_is_reported_and_detected(base_server):
+    async with Client(base_server) as c:
+        await c.start(sample_rate=RATE, language="xx")
+        err = await c.wait_for("error", 5)
+        assert err["code"] == "bad_event" and not err["fatal"]
+
+
+async def test_utterance_past_30_s_keeps_partials_and_loses_no_words(server, audio_dir, manifest):
+    """C03: ~46 s without a pause (VAD off, 2× real time): partials keep coming after
+    30 s of audio, committed text is never retracted, and the final has every clip."""
+    names = [n for n, r in manifest.items() if r["language"] == "en" and "hard" not in n]
+    x = np.concatenate([clip(audio_dir, n) for n in names])
+    sent, arrivals = [0.0], []  # audio seconds sent when each partial arrived
+
+    async def watch(c: Client) -> None:
+        while True:
+            arrivals.extend([sent[0]] * (len(c.conv.of("transcript.partial")) - len(arrivals)))
+            await asyncio.sleep(0.02)
+
+    async with Client(server["url"]) as c:
+        await c.start(sample_rate=RATE, vad=False)
+        watcher = asyncio.create_task(watch(c))
+        await send_paced(c, x, speed=2.0, sent=sent)
+        await c.send_json({"type": "input.end"})
+        final = await turn_result(c, 0, timeout=90)
+        watcher.cancel()
+        await c.send_json({"type": "response.cancel"})
+    partials = c.conv.of("transcript.partial")
+    committed = [p["committed"] for p in partials] + [final["text"]]
+    assert all(b.startswith(a) for a, b in zip(committed, committed[1:]))
+    ref = " ".join(manifest[n]["reference_transcript"] for n in names)
+    assert wer(ref, final["text"]) <= 0.1, final["text"]
+    late = [t for t in arrivals if t > 31.0]
+    assert len(late) >= (len(x) / RATE - 31.0) / 2.0, arrivals  # still about one per 2 s of audio
+
+
+async def test_silence_padded_clip_gives_exactly_its_sentence(server, audio_dir, manifest):
+    name = "en_hard_silencepad_librispeech_3752-4944-0000.wav"
+    async with Client(server["url"]) as c:
+        await c.start(sample_rate=RATE)
+        await send_paced(c, clip(audio_dir, name), speed=4.0)
+        await c.send_json({"type": "input.end"})
+        final = await c.wait_for("transcript.final", 30)
+        await c.send_json({"type": "response.cancel"})
+        await asyncio.sleep(0.5)
+    assert len(c.conv.of("transcript.final")) == 1 and len(c.conv.of("speech.started")) == 1
+    assert wer(manifest[name]["reference_transcript"], final["text"]) <= 0.15, final["text"]
+    first_speech = c.conv.events.index(c.conv.of("speech.started")[0])
+    assert all(c.conv.events.index(p) > first_speech for p in c.conv.of("transcript.partial"))
+
+
+async def test_idle_sessions_stay_quiet_and_usable(server, audio_dir):
+    """A session that never sends audio, and one that stops mid-utterance, get nothing
+    unasked for; both still work afterwards."""
+    x = clip(audio_dir, "en_jfk_inaugural_1961.wav")
+    async with Client(server["url"]) as idle, Client(server["url"]) as stalled:
+        await idle.start(sample_rate=RATE)
+        await stalled.start(sample_rate=RATE)
+        await send_paced(stalled, x[: 5 * RATE], speed=4.0)
+        await asyncio.sleep(3.0)  # mid-speech, nothing more arrives
+        n = len(stalled.conv.events)
+        await asyncio.sleep(1.0)
+        assert [e["type"] for e in stalled.conv.events[n:]] == []
+        await stalled.send_json({"type": "input.end"})
+        final = await turn_result(stalled, 0)
+        assert "fellow americans" in final["text"].lower()
+        assert [e["type"] for e in idle.conv.events] == ["session.started"]
+        await idle.send_json({"type": "input.end"})
+        assert (await idle.wait_for("turn.empty", 10))["reason"] == "no_speech"

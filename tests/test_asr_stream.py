@@ -1,0 +1,116 @@
+"""Streaming ASR with the real Whisper models, no server: batched decoding, partials,
+WER against offline transcription, >30 s streams, languages (CASES C01, C03)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from audio.pcm import resample
+from audio.wav import read_mono
+from pipeline.asr import AsrEngine, AsrRequest, load_whisper
+from pipeline.asr_decode import DecodeRequest
+from pipeline.asr_stream import StreamingTranscript
+from pipeline.config import AsrConfig
+from tests.wsclient import wer
+
+RATE = 16000
+STEP = RATE // 50  # 20 ms frames, as a client sends them
+
+
+@pytest.fixture(scope="module")
+def asr():
+    cfg = AsrConfig()
+    return AsrEngine(load_whisper(cfg), cfg)
+
+
+@pytest.fixture(scope="module")
+def base():
+    cfg = AsrConfig(model="base")
+    return AsrEngine(load_whisper(cfg), cfg)
+
+
+def clip(audio_dir, name):
+    x, sr = read_mono(audio_dir / name)
+    return resample(x, sr, RATE)
+
+
+def english(manifest):
+    return [n for n, r in manifest.items() if r["language"] == "en" and "hard" not in n]
+
+
+def stream(engine: AsrEngine, x: np.ndarray, language=None):
+    """Feed ``x`` in 20 ms frames, decoding whenever an update is due (as the session
+    does, minus the clock). Returns (final, [(audio_s, partial)], max buffer (s))."""
+    st = StreamingTranscript(engine.cfg, language=language)
+    partials, max_buf = [], 0.0
+    for i in range(0, len(x), STEP):
+        st.feed(x[i : i + STEP])
+        if st.due():
+            max_buf = max(max_buf, st.buffer_s)
+            partials.append(((i + STEP) / RATE, st.apply(engine.decode([st.request()])[0])))
+    while not st.fits_final():
+        st.apply(engine.decode([st.request()])[0])
+    return st.apply(engine.decode([st.request(final=True)])[0]), partials, max_buf
+
+
+def test_batched_decoding_gives_the_same_text_as_alone(asr, audio_dir, manifest):
+    names = english(manifest)
+    reqs = []
+    for k, name in enumerate(names):
+        x = clip(audio_dir, name)
+        reqs.append(DecodeRequest(x))
+        cut = len(x) // 2
+        words = asr.decode([DecodeRequest(x[:cut])])[0].text.split()
+        reqs.append(DecodeRequest(x[: cut + RATE], prefix=" ".join(words[:2]), prompt="Earlier words." * (k % 2)))
+    alone = [asr.decode([r])[0] for r in reqs]
+    together = asr.decode(reqs)
+    assert max(r.batch for r in together) >= 4  # requests of one window length share a batch
+    assert [r.text for r in together] == [r.text for r in alone]
+    assert all(r.text for r in alone)
+
+
+def test_streaming_finals_match_offline_and_partials_come_first(asr, audio_dir, manifest):
+    s_wer, o_wer = [], []
+    for name in english(manifest):
+        x = clip(audio_dir, name)
+        ref = manifest[name]["reference_transcript"]
+        final, partials, _ = stream(asr, x)
+        s_wer.append(wer(ref, final.text))
+        o_wer.append(wer(ref, asr.transcribe(AsrRequest(x)).text))
+        if len(x) > 5 * RATE:
+            assert sum(1 for _, p in partials if p.text) >= 3, name
+        committed = [p.committed for _, p in partials] + [final.committed]
+        assert all(b.startswith(a) for a, b in zip(committed, committed[1:])), name
+    assert np.mean(s_wer) <= np.mean(o_wer) + 0.02, (s_wer, o_wer)
+
+
+def test_stream_past_30_s_keeps_partials_and_words(asr, audio_dir, manifest):
+    """C03: one long utterance (the English clips back to back, ~46 s)."""
+    names = english(manifest)
+    x = np.concatenate([clip(audio_dir, n) for n in names])
+    final, partials, max_buf = stream(asr, x)
+    late = [t for t, p in partials if t > 30 and p.text]
+    assert len(late) >= (len(x) / RATE - 30) * 0.8  # still about one partial per second
+    assert max_buf <= asr.cfg.max_buffer_s
+    ref = " ".join(manifest[n]["reference_transcript"] for n in names)
+    assert wer(ref, final.text) <= 0.1, final.text
+
+
+@pytest.mark.parametrize("kind", ["zeros", "noise-60dBFS"])
+@pytest.mark.parametrize("language", ["en", "zh", None])
+def test_silence_gives_no_words_in_any_language(base, kind, language):
+    """C01 at the model: 20 s of digital silence or −60 dBFS noise, VAD off."""
+    rng = np.random.default_rng(0)
+    n = 20 * RATE
+    x = np.zeros(n, np.float32) if kind == "zeros" else (rng.standard_normal(n) * 1e-3).astype(np.float32)
+    final, partials, _ = stream(base, x, language=language)
+    assert final.text == "" and all(p.text == "" for _, p in partials), [p.text for _, p in partials]
+
+
+def test_multilingual_base_detects_german(base, audio_dir, manifest):
+    name = "de_fleurs_001.wav"
+    final, partials, _ = stream(base, clip(audio_dir, name))
+    assert final.language == "de"
+    assert wer(manifest[name]["reference_transcript"], final.text) <= 0.5, final.text
+    assert any(p.text for _, p in partials)
