@@ -28,9 +28,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start_server(llm: str, port: int) -> subprocess.Popen:
+def _start_server(llm: str, port: int, extra: list[str]) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, "-m", "server.cli", "serve", "--llm", llm, "--port", str(port),
-                             "--log-level", "WARNING"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                             "--log-level", "WARNING", *extra], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 600
     while time.time() < deadline:
         if proc.poll() is not None:
@@ -78,7 +78,7 @@ def main(args) -> int:
     if args.jfk_only:
         clips = [c for c in clips if "jfk" in c.name]
     port = _free_port()
-    proc = _start_server(args.llm, port)
+    proc = _start_server(args.llm, port, args.serve_args.split())
     url = f"ws://127.0.0.1:{port}/ws"
     table = []
     try:

@@ -27,6 +27,8 @@ class TurnConfig:
         merge_window_ms: speech that resumes within this long after a turn ended
             continues that turn: its reply is cancelled and its transcript goes on from
             the words already committed (2000 ms), so a pause mid-thought gets one reply.
+        barge_in_min_ms: speech over a reply must last this long and contain words
+            (a partial transcript) to cancel the reply (400 ms).
     """
 
     threshold: float = 0.5
@@ -36,6 +38,7 @@ class TurnConfig:
     pad_ms: int = 200
     max_turn_s: float = 120.0
     merge_window_ms: int = 2000
+    barge_in_min_ms: int = 400
 
 
 @dataclass(slots=True, kw_only=True)

@@ -41,12 +41,15 @@ class Responder:
         history: the session's chat history (read for the prompt, appended at the end).
         output_rate: reply audio rate (Hz).
         error: coroutine ``error(code, message)`` reporting to the client.
+        on_audio_start: called once, when the first audio frame is sent.
     """
 
     def __init__(self, *, rid: int, engines: Engines, cfg: VoxpipeConfig, out, history: ChatHistory,
-                 output_rate: int, error: Callable[[str, str], Awaitable[None]]) -> None:
+                 output_rate: int, error: Callable[[str, str], Awaitable[None]],
+                 on_audio_start: Callable[[], object] | None = None) -> None:
         self.rid, self.engines, self.cfg, self.out = rid, engines, cfg, out
         self.history, self.output_rate, self.error = history, output_rate, error
+        self.on_audio_start = on_audio_start
         self.spoken: list[str] = []
         self.timings: dict[str, float] = {}
         self.audio_s = 0.0
@@ -134,6 +137,8 @@ class Responder:
                         if mark is not None:
                             self.timings[key] = round((now - mark) * 1000, 1)
                     self.timings["tts_rtf"] = round(speech.synth_ms / 1000 / (len(speech.audio) / speech.sample_rate), 3)
+                    if self.on_audio_start is not None:
+                        self.on_audio_start()
                     metrics.FIRST_AUDIO.observe(now - t0)
                     metrics.VOICE_TO_VOICE.observe(now - t_end)
                     self._t_play = now

@@ -26,6 +26,7 @@ from .endpointing import AllSpeech, Endpointer, SpeechEnd, SpeechStart
 from .engines import Engines
 from .history import ChatHistory
 from .responder import Responder
+from .turn_state import TurnState
 from .worker import Busy
 
 logger = logging.getLogger(__name__)
@@ -81,6 +82,8 @@ class Session:
         self._asr: AsrTurn | None = None  # streaming ASR of the speech in progress
         self._last_asr: AsrTurn | None = None  # ... of the latest turn (speech may continue it)
         self._tasks: set[asyncio.Task] = set()
+        self.turn_state = TurnState()
+        self._speech_start = 0  # sample where the speech in progress started
 
     # ---- client events -------------------------------------------------------------
 
@@ -141,7 +144,7 @@ class Session:
 
     async def cancel_response(self) -> None:
         """Handle ``response.cancel``: stop the current reply, if any."""
-        await self._cancel_current()
+        await self._cancel_current("client")
 
     async def close(self) -> None:
         """Tear down: stop the reply (its LLM request is aborted) and every task."""
@@ -209,11 +212,13 @@ class Session:
         """Speech started: stream it to the ASR. Speech that resumes soon after the last
         turn ended continues that turn (its reply is cancelled; its words stay)."""
         last, turn = self._last_turn, self._last_asr
+        self._speech_start = start
+        self.turn_state.speech_started()  # over a reply: a barge-in candidate until ASR confirms words
         if (last is not None and turn is not None and start - last[1] <= self._merge_window()
                 and (start - last[0]) / RATE < self.cfg.turn.max_turn_s * 0.8):
             if self._turn_task is not None:
                 self._turn_task.cancel()
-            await self._cancel_current()
+            await self._cancel_current("continued")
             turn.reopen()
         else:
             self._last_turn = (start, start)
@@ -225,6 +230,17 @@ class Session:
     async def _on_partial(self, part: Partial) -> None:
         await self.out.event("transcript.partial", committed=part.committed, unstable=part.unstable,
                              text=part.text, language=part.language)
+        await self._maybe_barge_in()
+
+    async def _maybe_barge_in(self) -> None:
+        """The user talks over the reply: speech that lasted ``barge_in_min_ms`` and that
+        the ASR heard words in (a partial transcript) cancels it. Coughs, claps and noise
+        give no words (or too short a burst) and leave the reply alone."""
+        ts = self.turn_state
+        long_enough = (self._pos - self._speech_start) * 1000 / RATE >= self.cfg.turn.barge_in_min_ms
+        if ts.interrupting and long_enough and self._response is not None:
+            ts.barge_in()
+            await self._cancel_current("barge_in")
 
     def _slice(self, start: int, end: int) -> np.ndarray:
         buf = np.concatenate(self._chunks) if self._chunks else np.zeros(0, np.float32)
@@ -237,6 +253,7 @@ class Session:
         start = self._last_turn[0] if self._last_turn else ev.start
         self._last_turn = (start, ev.end)
         await self.out.event("speech.stopped", audio_ms=int(ev.end * 1000 / RATE), reason=ev.reason)
+        self.turn_state.speech_stopped(turn_submitted=turn is not None)
         if turn is None:
             return
         turn.end_input(drop_tail=max(0, self._pos - (ev.end + self._pad())))
@@ -263,6 +280,7 @@ class Session:
         if audio_s > 0:
             metrics.ASR_RTF.observe(turn.decode_ms / 1000 / audio_s)
         if not result.text:
+            self.turn_state.turn_empty()
             await self.out.event("turn.empty", reason="no_words")
             return
         await self.out.event("transcript.final", text=result.text, language=result.language,
@@ -271,20 +289,25 @@ class Session:
 
     # ---- replies -------------------------------------------------------------------
 
-    async def _cancel_current(self) -> None:
+    async def _cancel_current(self, reason: str = "new_turn") -> None:
+        """Cancel the reply in progress; ``reason``: ``client`` (response.cancel),
+        ``barge_in``, ``continued`` (the user went on with the same turn) or ``new_turn``."""
         resp, self._response = self._response, None
         if resp is None or resp.task.done():
             return
         resp.task.cancel()
         await asyncio.gather(resp.task, return_exceptions=True)
+        self.turn_state.reply_ended()
         spoken = " ".join(resp.responder.spoken).strip()
-        await self.out.event("response.cancelled", response_id=resp.rid, spoken_text=spoken)
+        await self.out.event("response.cancelled", response_id=resp.rid, spoken_text=spoken, reason=reason)
 
     async def _begin_response(self, user_text: str, *, t_end: float, asr_ms: float) -> None:
         await self._cancel_current()
         self._next_rid += 1
         resp = _Response(Responder(rid=self._next_rid, engines=self.engines, cfg=self.cfg, out=self.out,
-                                   history=self.history, output_rate=self.output_rate, error=self.error))
+                                   history=self.history, output_rate=self.output_rate, error=self.error,
+                                   on_audio_start=self.turn_state.audio_started))
+        self.turn_state.reply_started()
         resp.task = self._spawn(self._reply(resp, user_text, t_end, asr_ms))
         self._response = resp
 
@@ -301,3 +324,4 @@ class Session:
         finally:
             if self._response is resp:
                 self._response = None
+                self.turn_state.reply_ended()

@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 import sys
+from pathlib import Path
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -23,8 +24,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="tiny.en (default), base (multilingual, detects the language) or a CTranslate2 Whisper folder")
     s.add_argument("--asr-batch-size", type=int, default=8, help="ASR decode requests (any sessions) run together")
     s.add_argument("--voice", default="joe", help="joe (default) or a Piper .onnx voice path")
-    s.add_argument("--device", default="auto", help="auto | cpu | cpu-fp32 | cuda")
+    s.add_argument("--device", default="auto", help="auto | cpu (bf16) | cpu-fp32 | cpu-int8 | cuda")
     s.add_argument("--llm-threads", type=int, default=1, help="torch threads for the LLM")
+    s.add_argument("--tts-threads", type=int, default=1, help="onnxruntime threads per TTS worker")
     s.add_argument("--max-new-tokens", type=int, default=96)
     s.add_argument("--max-batch-size", type=int, default=8, help="LLM requests decoding together")
     s.add_argument("--max-wait-ms", type=float, default=20.0, help="how long a lone LLM request waits for company")
@@ -44,12 +46,21 @@ def _parser() -> argparse.ArgumentParser:
     bl = bsub.add_parser("llm", help="LLM batching modes: the design article's table")
     bl.add_argument("--llm", default="smollm2")
     bl.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    bl.add_argument("--requests", type=int, default=16)
+    bl.add_argument("--requests", type=int, default=24)
     bl.add_argument("--concurrency", type=int, default=8)
-    bl.add_argument("--rate", type=float, default=1.0, help="Poisson arrivals per second")
+    bl.add_argument("--rate", type=float, default=1.5, help="Poisson arrivals per second")
     bl.add_argument("--max-batch-size", type=int, default=8)
     bl.add_argument("--threads", type=int, default=1)
     bl.add_argument("--json", action="store_true")
+
+    bv = bsub.add_parser("voice", help="per-response voice latencies through a real server")
+    bv.add_argument("--llm", default="smollm2")
+    bv.add_argument("--sessions", type=int, nargs="+", default=[1, 4])
+    bv.add_argument("--repeat", type=int, default=1)
+    bv.add_argument("--jfk-only", action="store_true")
+    bv.add_argument("--serve-args", default="", help="extra 'voxpipe serve' options, e.g. '--tts-threads 2'")
+    bv.add_argument("--audio-dir", default=str(Path(__file__).resolve().parent.parent.parent / "shared" / "audio"))
+    bv.add_argument("--json", action="store_true")
 
     m = sub.add_parser("mic", help="talk to a server with the local microphone and speaker")
     m.add_argument("--url", default="ws://127.0.0.1:8765/ws")
@@ -68,6 +79,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "bench":
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         logging.basicConfig(level="WARNING")
+        if args.bench == "voice":
+            from bench.voice import main as bench_voice
+
+            return bench_voice(args)
         from bench.llm import main as bench_llm
 
         return bench_llm(args)
@@ -89,7 +104,7 @@ def _serve(args) -> int:
         llm=LlmConfig(model=args.llm, device=args.device, threads=args.llm_threads,
                       max_new_tokens=args.max_new_tokens),
         llm_batch=SchedulerConfig(max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms),
-        tts=TtsConfig(voice=args.voice),
+        tts=TtsConfig(voice=args.voice, threads=args.tts_threads),
         server=ServerConfig(host=args.host, port=args.port),
     )
     try:

@@ -38,9 +38,16 @@ class Conversation:
 
     events: list[dict] = field(default_factory=list)
     audio: dict[int, list[bytes]] = field(default_factory=dict)
+    order: list[tuple[str, int]] = field(default_factory=list)  # ("audio", rid) / ("event", index)
 
     def of(self, kind: str) -> list[dict]:
         return [e for e in self.events if e["type"] == kind]
+
+    def audio_after_event(self, rid: int, event: dict) -> int:
+        """Audio frames of ``rid`` received after ``event``."""
+        idx = self.events.index(event)
+        pos = self.order.index(("event", idx))
+        return sum(1 for kind, r in self.order[pos + 1 :] if kind == "audio" and r == rid)
 
     def reply_audio(self, rid: int) -> np.ndarray:
         raw = b"".join(self.audio.get(rid, []))
@@ -71,8 +78,10 @@ class Client:
                 if isinstance(msg, bytes):
                     rid, pcm = parse_audio_frame(msg)
                     self.conv.audio.setdefault(rid, []).append(pcm)
+                    self.conv.order.append(("audio", rid))
                 else:
                     self.conv.events.append(json.loads(msg))
+                    self.conv.order.append(("event", len(self.conv.events) - 1))
                 self._new.set()
         except Exception:  # noqa: BLE001 - closed by the server
             self._new.set()
