@@ -32,6 +32,8 @@ from .worker import Busy
 logger = logging.getLogger(__name__)
 
 RATE = 16000
+CANCEL_WAIT_S = 2.0
+"""Longest wait for a cancelled reply to wind down before the session moves on (s)."""
 
 
 class Outbox(Protocol):
@@ -296,7 +298,12 @@ class Session:
         if resp is None or resp.task.done():
             return
         resp.task.cancel()
-        await asyncio.gather(resp.task, return_exceptions=True)
+        # Wait for the reply to wind down, but never let a stuck reply stall the session.
+        done, _ = await asyncio.wait({resp.task}, timeout=CANCEL_WAIT_S)
+        if not done:
+            logger.warning("session %s: reply %d did not stop within %.1f s", self.id, resp.rid, CANCEL_WAIT_S)
+            for frame in resp.task.get_stack():
+                logger.warning("  at %s:%d %s", frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
         self.turn_state.reply_ended()
         spoken = " ".join(resp.responder.spoken).strip()
         await self.out.event("response.cancelled", response_id=resp.rid, spoken_text=spoken, reason=reason)
