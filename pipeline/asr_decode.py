@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -41,7 +41,8 @@ FRAMES_PER_S = RATE // HOP
 MAX_FRAMES = 3000
 """Whisper's 30 s window in feature frames."""
 TOKENS_PER_S = 10
-"""Upper bound of tokens per second of speech used to cap generation (fast speech ≈ 6)."""
+"""Upper bound of tokens per second of speech (fast speech ≈ 6): a continuation that
+reaches ``TOKENS_PER_S`` × audio seconds + 8 tokens is a runaway loop and is dropped."""
 
 
 @dataclass(slots=True)
@@ -106,8 +107,8 @@ class _Item:
     prompt_ids: list[int]
     prefix_ids: list[int]
     language: str | None
-    encoded: np.ndarray | None = None
-    out: dict = field(default_factory=dict)
+    result: DecodeResult | None = None
+    full: str = ""  # prefix + kept continuation (what is aligned)
 
 
 class BatchDecoder:
@@ -156,7 +157,7 @@ class BatchDecoder:
                     out[it.index] = exc
                 continue
             for it in group:
-                out[it.index] = it.out["result"]
+                out[it.index] = it.result
         ms = (time.perf_counter() - t0) * 1000
         for res in out:
             if isinstance(res, DecodeResult):
@@ -214,8 +215,8 @@ class BatchDecoder:
             tok = self.tokenizer(it.language)
             prompt = it.prompt_ids + list(tok.sot_sequence) + [tok.no_timestamps] + it.prefix_ids
             prompts.append(prompt)
-            budget = len(prompt) + int(TOKENS_PER_S * len(it.req.audio) / RATE) + 8
-            max_len = max(max_len, min(self.model.max_length, budget))
+            # CTranslate2 stops a sequence (forced prefix included) at max_length // 2 tokens
+            max_len = max(max_len, min(self.model.max_length, 2 * (len(it.prefix_ids) + _budget(it)) + 2))
         tok0 = self.tokenizer(group[0].language)
         results = self.model.model.generate(
             enc, prompts, beam_size=self.cfg.beam_size, max_length=max_len, return_scores=True,
@@ -232,9 +233,11 @@ class BatchDecoder:
             kept, why = check_continuation(text, context=_join(it.req.prompt, it.req.prefix),
                                            no_speech_prob=res.no_speech_prob,
                                            avg_logprob=avg_lp, cfg=self.cfg)
+            if len(new_ids) >= _budget(it):  # judged the same alone or in any batch
+                kept, why = "", "runaway"
             kept = join_words(split_words(kept))
-            it.out["result"] = DecodeResult(kept, it.language or "en", None, float(res.no_speech_prob),
-                                            float(avg_lp), why, window_s, len(group))
+            it.result = DecodeResult(kept, it.language or "en", None, float(res.no_speech_prob), float(avg_lp),
+                                     why, window_s, len(group))
         self._align(group, enc_np)
 
     def _align(self, group: list[_Item], enc_np: np.ndarray) -> None:
@@ -243,21 +246,24 @@ class BatchDecoder:
 
         by_lang: dict[str, list[int]] = {}
         for k, it in enumerate(group):
-            full = _join(it.req.prefix, it.out["result"].text)
-            if it.req.word_times and full:
-                it.out["full"] = full
+            it.full = _join(it.req.prefix, it.result.text)
+            if it.req.word_times and it.full:
                 by_lang.setdefault(it.language or "en", []).append(k)
             elif it.req.word_times:
-                it.out["result"].words = []
+                it.result.words = []
         for lang, ks in by_lang.items():
             tok = self.tokenizer(lang)
-            tokens = [tok.encode(" " + group[k].out["full"]) for k in ks]
+            tokens = [tok.encode(" " + group[k].full) for k in ks]
             frames = [max(1, min(len(group[k].req.audio) // HOP, group[k].frames)) for k in ks]
             sv = ctranslate2.StorageView.from_array(np.ascontiguousarray(enc_np[ks]))
             aligned = self.model.find_alignment(tok, tokens, sv, frames)
             for k, words in zip(ks, aligned):
-                full = group[k].out["full"]
-                group[k].out["result"].words = _timed_words(full, words)
+                group[k].result.words = _timed_words(group[k].full, words)
+
+
+def _budget(it: _Item) -> int:
+    """Most new tokens a request's audio can hold (see :data:`TOKENS_PER_S`)."""
+    return int(TOKENS_PER_S * len(it.req.audio) / RATE) + 8
 
 
 def _join(prefix: str, text: str) -> str:

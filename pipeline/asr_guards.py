@@ -80,10 +80,13 @@ def cut_repetition(text: str, *, max_repeats: int = 3, max_ngram: int = 8) -> st
 def _echo_length(before: list[str], cont: list[str]) -> int:
     """Length of the longest head of ``cont`` that re-reads the end of ``before`` (Whisper
     starting over once the audio is used up): 3 words equal, or at least 4 words of
-    which three quarters match position by position."""
-    for n in range(min(len(before), len(cont)), 2, -1):
+    which three quarters match position by position; 2 equal words when they are all of
+    ``cont``."""
+    for n in range(min(len(before), len(cont)), 1, -1):
         same = sum(a == b for a, b in zip(cont[:n], before[-n:]))
-        if same == n or (n >= 4 and same >= 0.75 * n):
+        if same == n and (n >= 3 or n == len(cont)):
+            return n
+        if n >= 4 and same >= 0.75 * n:
             return n
     return 0
 

@@ -5,11 +5,12 @@ says what to decode, :meth:`StreamingTranscript.apply` takes the decoder's answe
 async driver (:mod:`pipeline.asr_turn`) moves requests to the shared engine.
 
 Work per update is bounded: once the buffer is longer than ``trim_s`` the decode also
-asks for word times, and the buffer is cut after a committed word (preferably a
-sentence end), in the pause before the next word; the words before the cut become the
-decoding prompt. If nothing has been agreed on by ``max_buffer_s``, the words that end
-at least ``KEEP_S`` before the end of the buffer are committed and cut instead. So the
-buffer never reaches Whisper's 30 s window and no words fall off its end (CASES.md C03).
+asks for word times, and the buffer is cut between two committed words (preferably after
+a sentence end), leaving the last ``SLACK_WORDS`` committed words in the buffer as the
+forced prefix; the words before the cut become the decoding prompt. If nothing has been
+agreed on by ``max_buffer_s``, the words that end at least ``KEEP_S`` before the end of
+the buffer are committed and cut instead. So the buffer never reaches Whisper's 30 s
+window and no words fall off its end (CASES.md C03).
 """
 
 from __future__ import annotations
@@ -27,6 +28,11 @@ KEEP_S = 2.0
 """Audio kept after a forced cut (s): the words still being spoken."""
 MIN_TAIL_S = 0.5
 """A committed word ending closer than this to the end of the buffer is not a cut point (s)."""
+SLACK_WORDS = 3
+"""Committed words left in the buffer after a cut (they become the forced prefix). Word
+times come from cross-attention alignment, which on tiny.en was off by up to a second
+near the end of the committed text; cutting this many words earlier means such an error
+only re-reads committed words and never cuts into words not yet committed."""
 _SENTENCE_END = (".", "?", "!", "。", "？", "！")
 
 
@@ -53,7 +59,6 @@ class Partial:
 class _Pending:
     final: bool
     n_samples: int
-    k_before: int  # committed words before this request was made
 
 
 class StreamingTranscript:
@@ -103,6 +108,7 @@ class StreamingTranscript:
 
     @property
     def in_flight(self) -> bool:
+        """True between :meth:`request` and :meth:`apply` / :meth:`cancel`."""
         return self._pending is not None
 
     def due(self) -> bool:
@@ -119,7 +125,7 @@ class StreamingTranscript:
         """The next decode of the buffer (at most 30 s − ``pad_s``); marks it in flight."""
         n = min(self._n, self._max_samples())
         committed = self.agreement.committed
-        self._pending = _Pending(final, n, len(committed))
+        self._pending = _Pending(final, n)
         self._fed = 0
         return DecodeRequest(
             audio=self._buffer()[:n],
@@ -170,17 +176,17 @@ class StreamingTranscript:
         if aligned and not words and silent:  # no speech in the whole buffer: keep its end
             self._cut(length - KEEP_S, n_words=0)
             return
-        cut = self._cut_index(words[:n_in], length) if aligned else None
+        cut = self._cut_index(words[: max(0, n_in - SLACK_WORDS)], length) if aligned else None
         if cut is None and length >= self.cfg.max_buffer_s:
             tail = words[n_in:] if aligned else []
             n_force = 0
             while n_force < min(len(tail), len(self.agreement.tail)) and tail[n_force].end <= length - KEEP_S:
                 n_force += 1
             start = tail[0].start if tail else length - KEEP_S
-            if n_force:
-                self.agreement.force(n_force)
-                cut = n_in + n_force - 1
-            elif aligned and n_in == 0 and start >= 1.0:  # nothing said before `start`: drop it
+            self.agreement.force(n_force)
+            if n_in + n_force > SLACK_WORDS:
+                cut = n_in + n_force - 1 - SLACK_WORDS
+            elif aligned and n_in == 0 and not tail and start >= 1.0:  # nothing said: keep the end
                 self._cut(start - 0.3, n_words=0)
                 return
             else:  # last resort, so that the buffer stays bounded: commit all, start afresh

@@ -53,6 +53,9 @@ def _parser() -> argparse.ArgumentParser:
     bl.add_argument("--threads", type=int, default=1)
     bl.add_argument("--json", action="store_true")
 
+    from bench.asr import add_arguments as asr_bench_arguments
+
+    asr_bench_arguments(bsub.add_parser("asr", help="streaming ASR: 1-8 sessions on one engine, batching"))
     bv = bsub.add_parser("voice", help="per-response voice latencies through a real server")
     bv.add_argument("--llm", default="smollm2")
     bv.add_argument("--sessions", type=int, nargs="+", default=[1, 4])
@@ -79,6 +82,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "bench":
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         logging.basicConfig(level="WARNING")
+        if args.bench == "asr":
+            from bench.asr import main as bench_asr
+
+            return bench_asr(args)
         if args.bench == "voice":
             from bench.voice import main as bench_voice
 

@@ -63,11 +63,12 @@ def test_batched_decoding_gives_the_same_text_as_alone(asr, audio_dir, manifest)
         cut = len(x) // 2
         words = asr.decode([DecodeRequest(x[:cut])])[0].text.split()
         reqs.append(DecodeRequest(x[: cut + RATE], prefix=" ".join(words[:2]), prompt="Earlier words." * (k % 2)))
+        reqs.append(DecodeRequest(x[:RATE]))  # first second: Whisper often loops on these
     alone = [asr.decode([r])[0] for r in reqs]
     together = asr.decode(reqs)
     assert max(r.batch for r in together) >= 4  # requests of one window length share a batch
     assert [r.text for r in together] == [r.text for r in alone]
-    assert all(r.text for r in alone)
+    assert all(r.text for r in alone[0::3]) and all(r.text for r in alone[1::3])
 
 
 def test_streaming_finals_match_offline_and_partials_come_first(asr, audio_dir, manifest):
