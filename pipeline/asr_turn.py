@@ -49,7 +49,7 @@ class AsrTurn:
     def feed(self, samples: np.ndarray) -> None:
         """Add 16 kHz float32 samples; starts an update when one is due."""
         self.stream.feed(samples)
-        if self.open and self._task is None and self.stream.due():
+        if self.open and (self._task is None or self._task.done()) and self.stream.due():
             self._task = self._spawn(self._update())
 
     async def _update(self) -> None:
@@ -87,8 +87,9 @@ class AsrTurn:
         self.stream.drop_tail(drop_tail)
 
     async def finish(self) -> Partial:
-        """Wait for the update in flight, decode the rest of the buffer and commit
-        everything (after :meth:`end_input`).
+        """Decode the rest of the buffer and commit everything (after :meth:`end_input`).
+        An update still in flight is dropped: if it has not reached the model yet, the
+        final decode takes its place in the next batch.
 
         Raises:
             Busy: the engine queue is full.
@@ -96,7 +97,9 @@ class AsrTurn:
         """
         self.open = False
         if self._task is not None:
+            self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
         for _ in range(MAX_PRE_FINAL):
             if self.stream.fits_final():
                 break
