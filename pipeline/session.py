@@ -85,6 +85,7 @@ class Session:
         self._last_asr: AsrTurn | None = None  # ... of the latest turn (speech may continue it)
         self._tasks: set[asyncio.Task] = set()
         self.turn_state = TurnState()
+        self._last_turn_wall = 0.0  # time.monotonic() when the latest turn ended
         self._speech_start = 0  # sample where the speech in progress started
 
     # ---- client events -------------------------------------------------------------
@@ -155,7 +156,10 @@ class Session:
             resp.task.cancel()
         for task in list(self._tasks):
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._tasks:  # never let a stuck task keep a closed session alive
+            _, stuck = await asyncio.wait(set(self._tasks), timeout=CANCEL_WAIT_S)
+            if stuck:
+                logger.warning("session %s: %d task(s) did not stop on close", self.id, len(stuck))
 
     async def error(self, code: str, message: str, *, fatal: bool = False) -> None:
         """Send an ``error`` event (and count it)."""
@@ -216,7 +220,8 @@ class Session:
         last, turn = self._last_turn, self._last_asr
         self._speech_start = start
         self.turn_state.speech_started()  # over a reply: a barge-in candidate until ASR confirms words
-        if (last is not None and turn is not None and start - last[1] <= self._merge_window()
+        recent = time.monotonic() - self._last_turn_wall <= self.cfg.turn.merge_window_ms / 1000
+        if (last is not None and turn is not None and recent and start - last[1] <= self._merge_window()
                 and (start - last[0]) / RATE < self.cfg.turn.max_turn_s * 0.8):
             if self._turn_task is not None:
                 self._turn_task.cancel()
@@ -254,6 +259,7 @@ class Session:
         turn, self._asr = self._asr, None
         start = self._last_turn[0] if self._last_turn else ev.start
         self._last_turn = (start, ev.end)
+        self._last_turn_wall = time.monotonic()  # push-to-talk sends no audio between turns
         await self.out.event("speech.stopped", audio_ms=int(ev.end * 1000 / RATE), reason=ev.reason)
         self.turn_state.speech_stopped(turn_submitted=turn is not None)
         if turn is None:

@@ -44,9 +44,16 @@ class WsOutbox:
     async def _put(self, item: str | bytes) -> None:
         if self.closed:
             return
+        if not self._q.full():
+            self._q.put_nowait(item)
+            return
         try:
-            await asyncio.wait_for(self._q.put(item), self.timeout_s)
-        except asyncio.TimeoutError:
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a
+            # cancellation that races with the put completing, which left a cancelled
+            # reply running forever and its session unable to close.
+            async with asyncio.timeout(self.timeout_s):
+                await self._q.put(item)
+        except TimeoutError:
             logger.warning("client not reading for %.1f s: closing", self.timeout_s)
             self.closed = True
             asyncio.ensure_future(self.ws.close(1008, "client too slow: not reading"))
