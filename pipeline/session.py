@@ -85,7 +85,7 @@ class Session:
         self._last_asr: AsrTurn | None = None  # ... of the latest turn (speech may continue it)
         self._tasks: set[asyncio.Task] = set()
         self.turn_state = TurnState()
-        self._last_turn_wall = 0.0  # time.monotonic() when the latest turn ended
+        self._turn_closed = False  # the client ended the latest turn with input.end
         self._speech_start = 0  # sample where the speech in progress started
 
     # ---- client events -------------------------------------------------------------
@@ -133,7 +133,8 @@ class Session:
         end = self._endpointer.finish()
         if end is not None:
             await self._end_of_speech(end, t_end=time.perf_counter())
-        elif not self._pending():
+        self._turn_closed = True  # later speech starts a new turn
+        if end is None and not self._pending():
             await self.out.event("turn.empty", reason="no_speech")
 
     def _pending(self) -> bool:
@@ -220,8 +221,7 @@ class Session:
         last, turn = self._last_turn, self._last_asr
         self._speech_start = start
         self.turn_state.speech_started()  # over a reply: a barge-in candidate until ASR confirms words
-        recent = time.monotonic() - self._last_turn_wall <= self.cfg.turn.merge_window_ms / 1000
-        if (last is not None and turn is not None and recent and start - last[1] <= self._merge_window()
+        if (last is not None and turn is not None and not self._turn_closed and start - last[1] <= self._merge_window()
                 and (start - last[0]) / RATE < self.cfg.turn.max_turn_s * 0.8):
             if self._turn_task is not None:
                 self._turn_task.cancel()
@@ -259,7 +259,8 @@ class Session:
         turn, self._asr = self._asr, None
         start = self._last_turn[0] if self._last_turn else ev.start
         self._last_turn = (start, ev.end)
-        self._last_turn_wall = time.monotonic()  # push-to-talk sends no audio between turns
+        # a turn the client ended (input.end, push-to-talk) is never continued by later speech
+        self._turn_closed = ev.reason == "input_end"
         await self.out.event("speech.stopped", audio_ms=int(ev.end * 1000 / RATE), reason=ev.reason)
         self.turn_state.speech_stopped(turn_submitted=turn is not None)
         if turn is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import numpy as np
 import pytest
 
 from tests.wsclient import Client
@@ -114,3 +115,44 @@ async def test_empty_or_unspeakable_reply_speaks_a_fallback(deltas):
     assert done["type"] == "response.done" and done["fallback"] and done["text"] == EMPTY_REPLY
     assert out.frames and not errors
     assert hist.turns == [("hello", EMPTY_REPLY)]
+
+
+async def test_cancel_as_the_first_audio_arrives_never_freezes_the_session(server):
+    """Regression: a cancel racing the first audio frame was swallowed, freezing the session."""
+    async with Client(server["url"]) as c:
+        await c.start(sample_rate=16000, output_sample_rate=16000)
+        for i in range(6):
+            n = len(c.conv.events)
+            await c.send_json({"type": "text.input", "text": f"{LONG} Part {i}."})
+            started = await c.wait_for(lambda e: e["type"] == "response.started" and c.conv.events.index(e) >= n, 30)
+            rid = started["response_id"]
+            while not c.conv.audio.get(rid):
+                await asyncio.sleep(0.005)
+            await c.send_json({"type": "response.cancel"})
+            ev = await c.wait_for(lambda e: e["type"] in ("response.cancelled", "response.done")
+                                  and e.get("response_id") == rid, 5)
+            assert ev["type"] == "response.cancelled"
+        await c.send_json({"type": "text.input", "text": "Say hi."})
+        assert (await c.wait_for(lambda e: e["type"] == "response.done", 60))["text"]
+
+
+async def test_push_to_talk_turns_do_not_merge(server, audio_dir):
+    """With no audio between turns, the sample gap is zero; the second turn must still be its own."""
+    from audio.pcm import resample
+    from audio.wav import read_mono
+    from tests.wsclient import normalize
+
+    def pcm(name):
+        x, sr = read_mono(audio_dir / name)
+        return (np.clip(resample(x, sr, 16000), -1, 1) * 32767).astype("<i2").tobytes()
+
+    async with Client(server["url"]) as c:
+        await c.start(sample_rate=16000, vad=False)
+        assert (await c.turn(pcm("en_cmu_goforward.wav")))["type"] == "response.done"
+        await asyncio.sleep(2.5)
+        n = len(c.conv.events)
+        await c.send_audio(pcm("en_librispeech_3752-4944-0000.wav"))
+        await c.send_json({"type": "input.end"})
+        final = await c.wait_for(lambda e: e["type"] == "transcript.final" and c.conv.events.index(e) >= n, 60)
+        text = normalize(final["text"])
+        assert "scenery" in text and "forward" not in text
