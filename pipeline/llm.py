@@ -120,6 +120,7 @@ class LlmEngine:
         self._stop = False
         self._thread: threading.Thread | None = None
         self._live: dict[int, _Live] = {}
+        self._probes: dict[str | None, list[int]] = {}
         self._next_rid = 0
         self.steps = 0
         self.batch_sizes: list[int] = []
@@ -131,8 +132,8 @@ class LlmEngine:
 
     @property
     def active(self) -> int:
-        """Requests decoding in the batch right now."""
-        return len(self.scheduler.running)
+        """Requests in the batch right now (decoding, or prefilling their prompt)."""
+        return len(self.scheduler.running) + len(self.scheduler.prefilling)
 
     def start(self) -> None:
         """Start the engine thread (idempotent)."""
@@ -173,6 +174,25 @@ class LlmEngine:
         if isinstance(enc, dict) or hasattr(enc, "keys"):
             enc = enc["input_ids"]
         return list(enc)
+
+    def _prefix_len(self, messages: list[dict], ids: list[int]) -> int:
+        """Tokens of ``ids`` shared by every request with the same system prompt: the
+        template's system block and the opening of the first user turn (the runner keeps
+        their KV in its prefix cache)."""
+        system = messages[0]["content"] if messages and messages[0].get("role") == "system" else None
+        probe = self._probes.get(system)
+        if probe is None:
+            msgs = ([] if system is None else [messages[0]]) + [{"role": "user", "content": ""}]
+            probe = self._prompt_ids(msgs)
+            if len(self._probes) >= 64:
+                self._probes.clear()
+            self._probes[system] = probe
+        n = 0
+        for a, b in zip(ids, probe):
+            if a != b:
+                break
+            n += 1
+        return n if n < len(ids) else 0
 
     # ---- engine thread ---------------------------------------------------------------
 
@@ -220,13 +240,19 @@ class LlmEngine:
                 stream.stats.finish_reason = "error"
                 stream._put(exc)
                 continue
+            limit = self.scheduler.cfg.max_kv_tokens
+            if len(ids) + req.max_new_tokens > limit:  # could never fit the KV budget
+                stream.stats.finish_reason = "error"
+                stream._put(ValueError(f"prompt of {len(ids)} tokens + max_new_tokens {req.max_new_tokens} "
+                                       f"exceeds the KV budget of {limit} tokens"))
+                continue
             self._next_rid += 1
             rid = self._next_rid
             stream.stats.prompt_tokens = len(ids)
             self._live[rid] = _Live(req, stream, IncrementalDetokenizer(self.tokenizer))
             self.runner.set_params(rid, SamplingParams(req.temperature, req.top_p, req.seed))
             self.scheduler.add(SchedRequest(rid=rid, prompt_ids=ids, max_new_tokens=req.max_new_tokens,
-                                            eos_ids=self.eos_ids))
+                                            eos_ids=self.eos_ids, prefix_len=self._prefix_len(req.messages, ids)))
 
     def _reap_aborts(self) -> None:
         for rid, live in list(self._live.items()):

@@ -5,6 +5,11 @@ Modelled on vLLM v1's scheduler (vllm/v1/core/sched/scheduler.py): ``add`` and
 requests join (prefill), keep decoding, or leave the batch at this token step, and
 ``update(plan, outputs)`` records the sampled tokens and finishes requests. The model
 runner executes plans; one small engine loop glues the two (see ``pipeline.llm``).
+
+Prefill is chunked (vLLM's chunked prefill): each step prefills at most
+``max_prefill_tokens`` prompt tokens over all joining requests, so a huge prompt is
+spread over several steps while the running requests keep decoding one token per step.
+A request whose prompt is only partly prefilled holds a batch slot but does not decode.
 """
 
 from __future__ import annotations
@@ -29,8 +34,10 @@ class SchedulerConfig:
         max_batch_size: most requests decoding together (8).
         max_wait_ms: how long a lone request waits for company before the batch starts
             (20 ms); requests arriving while a batch runs join at the next step anyway.
-        max_prefill_tokens: token budget for prompts prefilled in one step (2048), so a
-            burst of long prompts cannot stall running requests for long.
+        max_prefill_tokens: prompt tokens prefilled in one step over all joining
+            requests (512); longer prompts are prefilled in chunks over several steps,
+            so a long or bursty prefill delays the running requests' next token by at
+            most about one such chunk.
         max_kv_tokens: KV-cache budget in tokens over the batch, each request counted as
             prompt + max_new_tokens (16384); a request that would exceed it waits.
         static: static batching for comparison — start only with a full batch (or
@@ -39,7 +46,7 @@ class SchedulerConfig:
 
     max_batch_size: int = 8
     max_wait_ms: float = 20.0
-    max_prefill_tokens: int = 2048
+    max_prefill_tokens: int = 512
     max_kv_tokens: int = 16384
     static: bool = False
 
@@ -54,7 +61,10 @@ class SchedRequest:
         max_new_tokens: most tokens to generate.
         eos_ids: token ids that end the request (not part of the output).
         arrival: ``time.monotonic()`` when added.
+        prefix_len: length of a prompt prefix shared with other requests (the system
+            prompt); the runner may take its KV from a prefix cache instead of computing it.
         output_ids: generated tokens so far.
+        num_computed: prompt tokens already prefilled (chunked prefill).
     """
 
     rid: int
@@ -62,9 +72,11 @@ class SchedRequest:
     max_new_tokens: int
     eos_ids: frozenset[int] = frozenset()
     arrival: float = field(default_factory=time.monotonic)
+    prefix_len: int = 0
     output_ids: list[int] = field(default_factory=list)
     state: State = State.WAITING
     finish_reason: str | None = None
+    num_computed: int = 0
 
     @property
     def kv_tokens(self) -> int:
@@ -77,13 +89,16 @@ class StepPlan:
     """What the model runner does in one step.
 
     Attributes:
-        prefill: requests joining the batch (prefill their prompt, sample a first token).
+        prefill: requests prefilling a chunk of their prompt (``spans``); those whose
+            chunk ends the prompt sample a first token and join the decoding batch.
+        spans: ``rid -> (start, end)`` prompt tokens each prefill request computes now.
         decode: running requests that decode one token.
         evict: ids of requests whose rows leave the batch before this step.
         wait_s: when nothing is planned, how long the engine may sleep before asking again.
     """
 
     prefill: list[SchedRequest] = field(default_factory=list)
+    spans: dict[int, tuple[int, int]] = field(default_factory=dict)
     decode: list[SchedRequest] = field(default_factory=list)
     evict: list[int] = field(default_factory=list)
     wait_s: float | None = None
@@ -94,12 +109,17 @@ class StepPlan:
 
 
 class Scheduler:
-    """Decides, at every token step, who runs (see module docstring)."""
+    """Decides, at every token step, who runs (see module docstring).
+
+    ``running`` are the decoding requests, in the model runner's row order;
+    ``prefilling`` hold a slot while their prompt is prefilled chunk by chunk.
+    """
 
     def __init__(self, cfg: SchedulerConfig) -> None:
         self.cfg = cfg
         self.waiting: deque[SchedRequest] = deque()
         self.running: list[SchedRequest] = []
+        self.prefilling: list[SchedRequest] = []
         self._leaving: list[int] = []  # rows to evict at the next step
         self.requests: dict[int, SchedRequest] = {}
 
@@ -120,13 +140,13 @@ class Scheduler:
         if req.state is State.WAITING:
             self.waiting.remove(req)
         elif req.state is State.RUNNING:
-            self.running.remove(req)
+            (self.running if req in self.running else self.prefilling).remove(req)
             self._leaving.append(rid)
         req.state, req.finish_reason = State.FINISHED, reason
         return req
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self._leaving)
+        return bool(self.waiting or self.running or self.prefilling or self._leaving)
 
     def schedule(self, now: float | None = None) -> StepPlan:
         """Plan the next step (see :class:`StepPlan`)."""
@@ -134,40 +154,54 @@ class Scheduler:
         c = self.cfg
         plan = StepPlan(decode=list(self.running), evict=self._leaving)
         self._leaving = []
-        if not self.waiting or (c.static and self.running):
+        budget = c.max_prefill_tokens
+        for req in self.prefilling:  # unfinished prompts first, oldest first
+            budget -= self._chunk(plan, req, budget)
+        if not self.waiting or (c.static and (self.running or self.prefilling)):
             return plan
-        if not self.running and len(self.waiting) < c.max_batch_size:
+        if not self.running and not self.prefilling and len(self.waiting) < c.max_batch_size:
             waited = now - self.waiting[0].arrival
             if waited * 1000 < c.max_wait_ms:  # hold a lone request briefly for company
                 plan.wait_s = c.max_wait_ms / 1000 - waited
                 return plan
-        kv = sum(r.kv_tokens for r in self.running)
-        prefill_tokens = 0
-        while self.waiting and len(self.running) + len(plan.prefill) < c.max_batch_size:
+        kv = sum(r.kv_tokens for r in self.running) + sum(r.kv_tokens for r in self.prefilling)
+        while self.waiting and budget > 0 and len(self.running) + len(self.prefilling) < c.max_batch_size:
             req = self.waiting[0]
-            n = len(req.prompt_ids)
-            first = not plan.prefill and not self.running
-            if not first and (prefill_tokens + n > c.max_prefill_tokens or kv + req.kv_tokens > c.max_kv_tokens):
-                break  # budgets: it joins at a later step (a lone request always runs)
+            if (self.running or self.prefilling) and kv + req.kv_tokens > c.max_kv_tokens:
+                break  # it joins when memory frees up (a lone request always runs)
             self.waiting.popleft()
             req.state = State.RUNNING
-            plan.prefill.append(req)
-            prefill_tokens += n
+            self.prefilling.append(req)
             kv += req.kv_tokens
-        self.running.extend(plan.prefill)
+            budget -= self._chunk(plan, req, budget)
         return plan
 
+    @staticmethod
+    def _chunk(plan: StepPlan, req: SchedRequest, budget: int) -> int:
+        n = min(budget, len(req.prompt_ids) - req.num_computed)
+        if n > 0:
+            plan.prefill.append(req)
+            plan.spans[req.rid] = (req.num_computed, req.num_computed + n)
+        return max(n, 0)
+
     def update(self, plan: StepPlan, outputs: dict[int, int]) -> list[tuple[SchedRequest, int | None]]:
-        """Record sampled tokens (``rid -> token id``) of the planned requests.
+        """Record the prefilled chunks and the sampled tokens (``rid -> token id``).
 
         Returns ``(request, token)`` pairs in plan order; ``token`` is None when the
-        token was an end-of-sequence id. Requests that hit EOS or ``max_new_tokens``
-        are finished and leave the batch at the next step.
+        token was an end-of-sequence id. A request whose prompt is now fully prefilled
+        joins ``running`` (in plan order, as the runner appends its row). Requests that
+        hit EOS or ``max_new_tokens`` are finished and leave the batch at the next step.
         """
+        for req in plan.prefill:
+            if req.state is State.RUNNING:
+                req.num_computed = plan.spans[req.rid][1]
+                if req.num_computed >= len(req.prompt_ids):
+                    self.prefilling.remove(req)
+                    self.running.append(req)
         out: list[tuple[SchedRequest, int | None]] = []
         for req in plan.decode + plan.prefill:
             if req.state is not State.RUNNING or req.rid not in outputs:
-                continue  # finished from outside during this step
+                continue  # finished from outside during this step, or a partial prefill
             tok = outputs[req.rid]
             if tok in req.eos_ids:
                 self.finish(req.rid, "stop")

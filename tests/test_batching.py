@@ -65,15 +65,45 @@ def test_abort_running_frees_row_next_step_and_waiting_immediately():
     assert s.abort(1) is None  # idempotent
 
 
-def test_max_batch_size_and_prefill_budget():
+def test_max_batch_size_and_chunked_prefill_budget():
     s = Scheduler(SchedulerConfig(max_batch_size=3, max_wait_ms=0, max_prefill_tokens=10))
     for i in range(5):
         s.add(req(i, n_prompt=4))
     p = s.schedule(now=1)
-    assert len(p.prefill) == 2  # 3 would need 12 prefill tokens
-    s.update(p, {0: 1, 1: 1})
+    assert p.spans == {0: (0, 4), 1: (0, 4), 2: (0, 2)}  # the third prompt gets what is left
+    s.update(p, {0: 1, 1: 1})  # 2 is not fully prefilled: no token yet
+    assert [r.rid for r in s.running] == [0, 1] and [r.rid for r in s.prefilling] == [2]
     p = s.schedule(now=2)
-    assert len(p.prefill) == 1 and len(p.decode) == 2  # batch full at 3
+    assert [r.rid for r in p.decode] == [0, 1] and p.spans == {2: (2, 4)}  # batch full at 3
+    s.update(p, {0: 2, 1: 2, 2: 7})
+    assert [r.rid for r in s.running] == [0, 1, 2] and s.requests[2].output_ids == [7]
+
+
+def test_long_prompt_is_prefilled_in_budget_sized_chunks_while_others_decode():
+    s = Scheduler(SchedulerConfig(max_batch_size=4, max_wait_ms=0, max_prefill_tokens=16))
+    s.add(req(1, n_prompt=4, max_new=100))
+    s.update(s.schedule(now=1), {1: 5})
+    s.add(req(2, n_prompt=50, max_new=5))
+    spans = []
+    for step in range(4):
+        p = s.schedule(now=2 + step)
+        assert [r.rid for r in p.decode] == [1]  # the running request decodes every step
+        assert sum(b - a for a, b in p.spans.values()) <= 16
+        spans.append(p.spans[2])
+        s.update(p, {1: 5} | ({2: 9} if p.spans[2][1] == 50 else {}))
+    assert spans == [(0, 16), (16, 32), (32, 48), (48, 50)]
+    assert [r.rid for r in s.running] == [1, 2] and s.requests[2].output_ids == [9]
+
+
+def test_abort_while_prefilling_frees_the_slot():
+    s = Scheduler(SchedulerConfig(max_batch_size=1, max_wait_ms=0, max_prefill_tokens=8))
+    s.add(req(1, n_prompt=20))
+    s.add(req(2, n_prompt=4))
+    p = s.schedule(now=1)
+    s.update(p, {})
+    s.abort(1)
+    p = s.schedule(now=2)
+    assert p.evict == [1] and [r.rid for r in p.prefill] == [2] and not s.prefilling[1:]
 
 
 def test_kv_budget_holds_requests_back():
@@ -109,19 +139,21 @@ def tiny_model():
     return LlamaForCausalLM(cfg).eval().float()
 
 
-def run(model, specs, max_batch=8):
+def run(model, specs, max_batch=8, prefill_budget=2048, prefix_len=0, runner=None, plans=None):
     """specs: list of (arrival_step, prompt_ids, max_new). Returns rid -> output ids."""
-    sched = Scheduler(SchedulerConfig(max_batch_size=max_batch, max_wait_ms=0))
-    runner = ModelRunner(model, torch.device("cpu"), pad_id=0)
+    sched = Scheduler(SchedulerConfig(max_batch_size=max_batch, max_wait_ms=0, max_prefill_tokens=prefill_budget))
+    runner = runner or ModelRunner(model, torch.device("cpu"), pad_id=0)
     pending = sorted(enumerate(specs), key=lambda x: x[1][0])
     reqs, step = {}, 0
     while pending or sched.has_work():
         while pending and pending[0][1][0] <= step:
             rid, (_, prompt, n) = pending.pop(0)
-            reqs[rid] = SchedRequest(rid=rid, prompt_ids=prompt, max_new_tokens=n, arrival=0)
+            reqs[rid] = SchedRequest(rid=rid, prompt_ids=prompt, max_new_tokens=n, arrival=0, prefix_len=prefix_len)
             sched.add(reqs[rid])
         plan = sched.schedule(now=1e9)
         if not plan.empty:
+            if plans is not None:
+                plans.append(([r.rid for r in plan.decode], dict(plan.spans)))
             sched.update(plan, runner.execute(plan))
         step += 1
     return {rid: r.output_ids for rid, r in reqs.items()}
@@ -159,3 +191,22 @@ def test_runner_frees_rows_and_trims_padding(tiny_model):
     sched.abort(2)
     runner.execute(sched.schedule(now=1e9))
     assert runner.batch_size == 0 and runner.cache is None
+
+
+def test_chunked_prefill_and_shared_prefix_are_token_identical(tiny_model):
+    g = torch.Generator().manual_seed(2)
+    system = torch.randint(1, 256, (12,), generator=g).tolist()  # shared by every request
+    specs = []
+    for i in range(6):
+        own = torch.randint(1, 256, (int(torch.randint(2, 70, (1,), generator=g)),), generator=g).tolist()
+        specs.append((i * 2, system + own, int(torch.randint(4, 20, (1,), generator=g))))
+    runner = ModelRunner(tiny_model, torch.device("cpu"), pad_id=0)
+    plans: list = []
+    together = run(tiny_model, specs, max_batch=4, prefill_budget=24, prefix_len=len(system), runner=runner,
+                   plans=plans)
+    assert runner.prefix_hits >= 4 and len(runner.prefixes) == 1
+    assert all(sum(b - a for a, b in spans.values()) <= 24 for _, spans in plans)
+    assert any(decode and spans for decode, spans in plans)  # prefill chunks ran beside decoding rows
+    assert not runner._partial and runner.batch_size == 0
+    for rid, spec in enumerate(specs):
+        assert together[rid] == run(tiny_model, [(0, spec[1], spec[2])])[0], f"request {rid} differs"

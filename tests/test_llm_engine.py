@@ -1,8 +1,10 @@
-"""The LLM engine with the real SmolLM2: streaming, abort, concurrency, context budget."""
+"""The LLM engine with the real SmolLM2: streaming, abort, concurrency, context budget,
+chunked prefill of long prompts, the shared-prefix cache."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -14,8 +16,13 @@ from pipeline.scheduler import SchedulerConfig
 
 
 @pytest.fixture(scope="module")
-def engine():
-    eng = LlmEngine(load_llm("smollm2", device="cpu-fp32"), LlmConfig(), SchedulerConfig(max_wait_ms=5))
+def llm():
+    return load_llm("smollm2", device="cpu-fp32")
+
+
+@pytest.fixture(scope="module")
+def engine(llm):
+    eng = LlmEngine(llm, LlmConfig(), SchedulerConfig(max_wait_ms=5))
     eng.start()
     yield eng
     eng.stop()
@@ -87,3 +94,66 @@ def test_context_budget_with_the_real_tokenizer(engine):
     assert engine.count_tokens(msgs) <= 200
     assert msgs[0]["content"] == "You are terse." and msgs[-1]["content"] == "And one more?"
     assert "fact number 39" in msgs[-3]["content"] and len(h.turns) < 40
+
+
+BUDGET = LlmConfig().max_context_tokens - LlmConfig().max_new_tokens
+
+
+def test_huge_user_text_keeps_its_end_within_budget(engine):
+    user = "".join(chr(0x4E00 + (i * 37) % 20000) for i in range(7990)) + " 最后的问题"  # ~8000 CJK chars
+    h = ChatHistory("You are terse.")
+    h.add_turn("earlier", "reply")
+    t0 = time.perf_counter()
+    msgs = h.prompt(user, engine.count_tokens, BUDGET)
+    assert time.perf_counter() - t0 < 5
+    assert engine.count_tokens(msgs) <= BUDGET
+    assert engine.count_tokens(msgs) > BUDGET - 20  # cut no more than needed
+    assert msgs[0]["content"] == "You are terse." and len(msgs) == 2
+    assert user.endswith(msgs[-1]["content"]) and msgs[-1]["content"].endswith("最后的问题")
+
+
+def test_huge_system_prompt_keeps_its_beginning_within_budget(engine):
+    system = "Rule one: be kind. " + "Always answer politely and briefly. " * 400
+    h = ChatHistory(system)
+    msgs = h.prompt("What time is it?", engine.count_tokens, BUDGET)
+    assert engine.count_tokens(msgs) <= BUDGET
+    assert system.startswith(msgs[0]["content"]) and msgs[0]["content"].startswith("Rule one")
+    assert msgs[-1]["content"] == "What time is it?"
+    words = "let us talk about the weather today " * 600
+    msgs = h.prompt(words + "and what to wear", engine.count_tokens, BUDGET)  # both over budget
+    assert engine.count_tokens(msgs) <= BUDGET
+    assert engine.count_tokens([msgs[0]]) <= BUDGET // 2 + 10
+    assert msgs[-1]["content"].endswith("and what to wear")
+    assert msgs[-1]["content"].split()[0] in words.split()  # starts at a word boundary
+
+
+async def test_long_prompt_prefills_in_chunks_while_another_request_streams(llm):
+    eng = LlmEngine(llm, LlmConfig(), SchedulerConfig(max_wait_ms=0, max_prefill_tokens=128))
+    eng.start()
+    try:
+        short = eng.submit(ask("Count from one to fifty, one number per line.", n=60))
+        times: list[float] = []
+        async for _ in short:
+            times.append(time.perf_counter())
+            if len(times) == 3:
+                break
+        long_text = "The quick brown fox jumps over the lazy dog. " * 150  # ~1500 tokens: 12+ chunks
+        long = eng.submit(ask(long_text + "How many foxes?", n=4))
+        steps0 = eng.steps
+        long_first: list[float] = []
+
+        async def read_long() -> None:
+            async for _ in long:
+                long_first.append(time.perf_counter())
+
+        reader = asyncio.create_task(read_long())
+        async for _ in short:
+            times.append(time.perf_counter())
+        await reader
+        assert long.stats.finish_reason == "length" and long.stats.prompt_tokens > 1400
+        during = [t for t in times[3:] if t < long_first[0]]
+        assert len(during) >= 8  # the short request kept streaming while the long one prefilled
+        assert eng.steps - steps0 >= 12
+        assert short.stats.finish_reason in ("stop", "length")
+    finally:
+        eng.stop()
