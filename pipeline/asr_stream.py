@@ -135,6 +135,29 @@ class StreamingTranscript:
             word_times=not final and n / RATE > self.cfg.trim_s,
         )
 
+    def peek_request(self) -> DecodeRequest:
+        """A final decode of the buffer as it stands, for a speculative final transcript:
+        like ``request(final=True)`` but nothing is marked in flight; answer it with
+        :meth:`preview` (changes nothing) or :meth:`commit_final`."""
+        pending = self._pending
+        req = self.request(final=True)
+        self._pending = pending
+        return req
+
+    def preview(self, result: DecodeResult, *, language: str | None = None) -> Partial:
+        """The final transcript that ``result`` (the answer to :meth:`peek_request`)
+        would give, without committing anything."""
+        words = self.agreement.committed + [w for w in split_words(result.text) if w.key]
+        text = join_words(words)
+        return Partial(text, "", text, True, language or result.language or self.language or "en")
+
+    def commit_final(self, req: DecodeRequest, result: DecodeResult) -> Partial:
+        """Make ``result`` (the answer to :meth:`peek_request` ``req``) this turn's final
+        transcript. Only valid if the buffer has not changed since: the caller made no
+        other request meanwhile and fed nothing but the silence that :meth:`drop_tail` drops."""
+        self._pending = _Pending(True, len(req.audio))
+        return self.apply(result)
+
     def cancel(self) -> None:
         """The request in flight will not be answered (busy, failed, cancelled)."""
         self._pending = None

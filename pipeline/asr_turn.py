@@ -106,6 +106,34 @@ class AsrTurn:
             await self._decode(final=False)
         return await self._decode(final=True)
 
+    async def peek_final(self) -> tuple[Partial, object, object]:
+        """Speculative final transcript (the speech paused; the turn may be ending):
+        decode the whole buffer without committing. Partial updates stop until
+        :meth:`reopen`. Returns ``(partial, request, result)``; pass the last two to
+        :meth:`commit_final` if the turn does end here.
+
+        Raises:
+            ValueError: the buffer is longer than one decode window (no speculation).
+            Busy, Exception: as :meth:`finish`.
+        """
+        self.open = False
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        if not self.stream.fits_final():
+            raise ValueError("buffer longer than one window")
+        req = self.stream.peek_request()
+        result = await self.engine.run(req)
+        self.last_decode_ms = result.decode_ms
+        self.decode_ms += result.decode_ms
+        return self.stream.preview(result), req, result
+
+    def commit_final(self, req, result) -> Partial:
+        """The turn ended right where :meth:`peek_final` decoded it: its result is final."""
+        self.open = False
+        return self.stream.commit_final(req, result)
+
     def reopen(self) -> None:
         """Speech resumed: continue this turn (its committed words stay)."""
         self.open = True

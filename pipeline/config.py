@@ -21,6 +21,10 @@ class TurnConfig:
             as in faster-whisper's VadOptions).
         min_speech_ms: speech shorter than this is dropped as a click or cough (250 ms).
         end_silence_ms: silence that ends a turn (500 ms).
+        early_end_ms: after this much silence the final transcript and the reply start
+            speculatively (200 ms; 0 = off). Nothing of it reaches the client until the
+            turn really ends (``end_silence_ms`` or ``input.end``); speech that resumes
+            first discards it. Voice-to-voice latency drops by up to the difference.
         pad_ms: audio kept before speech start and after speech end (200 ms).
         max_turn_s: a turn is cut at this length (120 s; streaming ASR keeps its own
             buffer under Whisper's 30 s window, so turns may be longer).
@@ -35,6 +39,7 @@ class TurnConfig:
     neg_threshold: float = 0.35
     min_speech_ms: int = 250
     end_silence_ms: int = 500
+    early_end_ms: int = 200
     pad_ms: int = 200
     max_turn_s: float = 120.0
     merge_window_ms: int = 2000
@@ -180,6 +185,8 @@ class VoxpipeConfig:
             raise ValueError("turn: need 0 < neg_threshold < threshold < 1")
         if t.end_silence_ms < 100 or t.min_speech_ms < 0 or t.pad_ms < 0:
             raise ValueError("turn: end_silence_ms >= 100, min_speech_ms >= 0, pad_ms >= 0")
+        if not 0 <= t.early_end_ms < t.end_silence_ms:
+            raise ValueError("turn: need 0 <= early_end_ms < end_silence_ms (0 turns speculation off)")
         if not 1.0 <= t.max_turn_s <= 3600.0:
             raise ValueError("turn: max_turn_s must be within 1..3600 s")
         a = self.asr

@@ -26,6 +26,23 @@ class SpeechStart:
 
 
 @dataclass(slots=True, frozen=True)
+class SpeechPause:
+    """Confirmed speech has been silent for ``early_end_ms`` since sample ``end``: the
+    turn may be ending (it ends for sure only at ``end_silence_ms``). Emitted once per
+    silence; the session starts a speculative final transcript and reply here."""
+
+    start: int
+    end: int
+
+
+@dataclass(slots=True, frozen=True)
+class SpeechResume:
+    """Speech came back after a :class:`SpeechPause`, before the turn ended."""
+
+    sample: int
+
+
+@dataclass(slots=True, frozen=True)
 class SpeechEnd:
     """The turn ended: speech ran from ``start`` to ``end`` (16 kHz sample indices).
 
@@ -43,6 +60,9 @@ class Endpointer:
     Speech starts on the first window at or above ``threshold`` and is confirmed once
     ``min_speech_ms`` of it has passed (a shorter burst is forgotten); the turn ends
     after ``end_silence_ms`` of windows below ``neg_threshold``, or at ``max_turn_s``.
+    After ``early_end_ms`` of such silence (when 0 < ``early_end_ms`` < ``end_silence_ms``)
+    it emits :class:`SpeechPause`, and :class:`SpeechResume` if speech returns before
+    the end.
     """
 
     def __init__(self, cfg: TurnConfig) -> None:
@@ -54,6 +74,9 @@ class Endpointer:
         self._speech_ms = 0.0
         self._silence_ms = 0.0
         self._last_speech_end = 0
+        self._paused = False  # SpeechPause sent for the current silence
+        early = cfg.early_end_ms
+        self._early_ms = early if 0 < early < cfg.end_silence_ms else None
 
     @property
     def pending_start(self) -> int | None:
@@ -65,7 +88,7 @@ class Endpointer:
         """True between a confirmed :class:`SpeechStart` and its :class:`SpeechEnd`."""
         return self._confirmed
 
-    def feed(self, probs) -> list[SpeechStart | SpeechEnd]:
+    def feed(self, probs) -> list[SpeechStart | SpeechPause | SpeechResume | SpeechEnd]:
         """Consume probabilities of consecutive windows; return the events they cause."""
         events: list[SpeechStart | SpeechEnd] = []
         c = self.cfg
@@ -81,6 +104,9 @@ class Endpointer:
                 self._speech_ms += self._ms_per_win
                 self._silence_ms = 0.0
                 self._last_speech_end = self._pos
+                if self._paused:
+                    self._paused = False
+                    events.append(SpeechResume(win_start))
             else:
                 self._silence_ms += self._ms_per_win
             if not self._confirmed:
@@ -91,6 +117,9 @@ class Endpointer:
                     self._start = None  # a short burst: never speech
                     continue
             if self._confirmed:
+                if self._early_ms is not None and not self._paused and self._early_ms <= self._silence_ms < c.end_silence_ms:
+                    self._paused = True
+                    events.append(SpeechPause(self._start, self._last_speech_end))
                 if self._silence_ms >= c.end_silence_ms:
                     events.append(self._end("silence"))
                 elif (self._pos - self._start) / RATE >= c.max_turn_s:
@@ -111,7 +140,7 @@ class Endpointer:
     def _end(self, reason: str, at: int | None = None) -> SpeechEnd:
         end = self._last_speech_end if at is None else at
         ev = SpeechEnd(self._start or 0, end, reason)
-        self._start, self._confirmed = None, False
+        self._start, self._confirmed, self._paused = None, False, False
         self._speech_ms = self._silence_ms = 0.0
         return ev
 

@@ -20,6 +20,9 @@ FIRST_AUDIO = Histogram("voxpipe_first_audio_seconds", "response start to first 
                         buckets=_LAT, registry=REGISTRY)
 VOICE_TO_VOICE = Histogram("voxpipe_voice_to_voice_seconds", "end of user speech to first reply audio sent",
                            buckets=_LAT, registry=REGISTRY)
+SPECULATIONS = Counter("voxpipe_speculations_total",
+                       "speculative ends of turn (used: the turn ended there; dropped: the user went on; "
+                       "failed: no transcript in time)", ["outcome"], registry=REGISTRY)
 SESSIONS = Gauge("voxpipe_sessions", "open sessions", registry=REGISTRY)
 ERRORS = Counter("voxpipe_client_errors_total", "error events sent to clients", ["code"], registry=REGISTRY)
 LLM_RUNNING = Gauge("voxpipe_llm_running", "LLM requests decoding in the batch", registry=REGISTRY)

@@ -42,14 +42,18 @@ class Responder:
         output_rate: reply audio rate (Hz).
         error: coroutine ``error(code, message)`` reporting to the client.
         on_audio_start: called once, when the first audio frame is sent.
+        release: for a speculative reply (started before the turn surely ended): audio
+            waits until this event is set, and a reply cancelled before that leaves the
+            history alone. None: speak at once.
     """
 
     def __init__(self, *, rid: int, engines: Engines, cfg: VoxpipeConfig, out, history: ChatHistory,
                  output_rate: int, error: Callable[[str, str], Awaitable[None]],
-                 on_audio_start: Callable[[], object] | None = None) -> None:
+                 on_audio_start: Callable[[], object] | None = None,
+                 release: asyncio.Event | None = None) -> None:
         self.rid, self.engines, self.cfg, self.out = rid, engines, cfg, out
         self.history, self.output_rate, self.error = history, output_rate, error
-        self.on_audio_start = on_audio_start
+        self.on_audio_start, self.release = on_audio_start, release
         self.spoken: list[str] = []
         self.timings: dict[str, float] = {}
         self.audio_s = 0.0
@@ -57,6 +61,7 @@ class Responder:
         self._t_play: float | None = None
         self._t_first_token: float | None = None
         self._t_first_phrase: float | None = None
+        self._t_release = 0.0  # when a speculative reply was confirmed (perf_counter s)
 
     async def run(self, user_text: str, *, t_end: float, asr_ms: float) -> None:
         """Generate, speak, and record the exchange; on cancel, record what was spoken."""
@@ -70,11 +75,13 @@ class Responder:
         try:
             text, fallback = await self._generate(stream)
             await speaker
+            await self._released()
         except BaseException:
             stream.abort()
             speaker.cancel()
             await asyncio.gather(speaker, return_exceptions=True)
-            self.history.add_turn(user_text, " ".join(self.spoken))
+            if self.release is None or self.release.is_set():  # a discarded speculation leaves no trace
+                self.history.add_turn(user_text, " ".join(self.spoken))
             raise
         st = stream.stats
         metrics.LLM_TTFT.observe(st.ttft_ms / 1000)
@@ -129,22 +136,30 @@ class Responder:
             for i in range(0, len(audio), step):
                 await self._pace()
                 if "first_audio" not in self.timings:
+                    await self._released()
                     now = time.perf_counter()
-                    self.timings["first_audio"] = round((now - t0) * 1000, 1)
+                    # a speculative reply is measured from its confirmation, not its start
+                    self.timings["first_audio"] = round((now - max(t0, self._t_release)) * 1000, 1)
                     self.timings["voice_to_voice"] = round((now - t_end) * 1000, 1)
                     for key, mark in (("first_token_to_audio", self._t_first_token),
                                       ("first_phrase_to_audio", self._t_first_phrase)):
                         if mark is not None:
-                            self.timings[key] = round((now - mark) * 1000, 1)
+                            self.timings[key] = round((now - max(mark, self._t_release)) * 1000, 1)
                     self.timings["tts_rtf"] = round(speech.synth_ms / 1000 / (len(speech.audio) / speech.sample_rate), 3)
                     if self.on_audio_start is not None:
                         self.on_audio_start()
-                    metrics.FIRST_AUDIO.observe(now - t0)
+                    metrics.FIRST_AUDIO.observe(now - max(t0, self._t_release))
                     metrics.VOICE_TO_VOICE.observe(now - t_end)
                     self._t_play = now
                 chunk = audio[i : i + step]
                 await self.out.audio(self.rid, float_to_pcm16(chunk))
                 self.audio_s += len(chunk) / self.output_rate
+
+    async def _released(self) -> None:
+        """Wait until a speculative reply is confirmed (no-op otherwise)."""
+        if self.release is not None and not self.release.is_set():
+            await self.release.wait()
+            self._t_release = time.perf_counter()
 
     async def _pace(self) -> None:
         """Stay at most ``playback_lead_s`` ahead of real-time playback, so a barge-in

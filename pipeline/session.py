@@ -22,10 +22,11 @@ from . import metrics
 from .asr_stream import Partial
 from .asr_turn import AsrTurn
 from .config import VoxpipeConfig
-from .endpointing import AllSpeech, Endpointer, SpeechEnd, SpeechStart
+from .endpointing import AllSpeech, Endpointer, SpeechEnd, SpeechPause, SpeechResume, SpeechStart
 from .engines import Engines
 from .history import ChatHistory
 from .responder import Responder
+from .speculation import HeldOutbox, Speculation
 from .turn_state import TurnState
 from .worker import Busy
 
@@ -87,6 +88,7 @@ class Session:
         self.turn_state = TurnState()
         self._turn_closed = False  # the client ended the latest turn with input.end
         self._speech_start = 0  # sample where the speech in progress started
+        self._spec: Speculation | None = None  # speculative end of the turn in progress
 
     # ---- client events -------------------------------------------------------------
 
@@ -99,6 +101,7 @@ class Session:
         self._vad = self.engines.vad.stream() if vad else AllSpeech()
         self._endpointer = Endpointer(self.cfg.turn)
         self._chunks, self._buf_start, self._pos = [], 0, 0
+        self._drop_speculation(reopen=False)
         for turn in (self._asr, self._last_asr):
             if turn is not None:
                 turn.close()
@@ -144,6 +147,7 @@ class Session:
 
     async def text_input(self, text: str) -> None:
         """Handle ``text.input``: a typed user turn."""
+        self._drop_speculation()
         await self._begin_response(text, t_end=time.perf_counter(), asr_ms=0.0)
 
     async def cancel_response(self) -> None:
@@ -192,6 +196,10 @@ class Session:
             if isinstance(ev, SpeechStart):
                 await self.out.event("speech.started", audio_ms=int(ev.sample * 1000 / RATE))
                 await self._start_turn(ev.sample)
+            elif isinstance(ev, SpeechPause):
+                self._speculate(t_end=time.perf_counter() - (self._pos - ev.end) / RATE)
+            elif isinstance(ev, SpeechResume):
+                self._drop_speculation()
             elif isinstance(ev, SpeechEnd):
                 silence_s = (self._pos - ev.end) / RATE if ev.reason == "silence" else 0.0
                 await self._end_of_speech(ev, t_end=time.perf_counter() - silence_s)
@@ -266,7 +274,11 @@ class Session:
         if turn is None:
             return
         turn.end_input(drop_tail=max(0, self._pos - (ev.end + self._pad())))
-        self._turn_task = self._spawn(self._transcribe_and_reply(turn, t_end))
+        spec, self._spec = self._spec, None
+        if spec is not None and spec.turn is turn:
+            self._turn_task = self._spawn(self._confirm(spec))
+        else:
+            self._turn_task = self._spawn(self._transcribe_and_reply(turn, t_end))
 
     def _spawn(self, coro) -> asyncio.Task:
         task = asyncio.create_task(coro)
@@ -284,6 +296,11 @@ class Session:
             logger.exception("session %s: ASR failed", self.id)
             await self.error("asr_failed", f"transcription failed: {exc}")
             return
+        if await self._final_transcript(turn, result):
+            await self._begin_response(result.text, t_end=t_end, asr_ms=turn.last_decode_ms)
+
+    async def _final_transcript(self, turn: AsrTurn, result: Partial) -> bool:
+        """Report the turn's final transcript; False (and ``turn.empty``) if it has no words."""
         audio_s = turn.stream.total_s
         metrics.ASR_SECONDS.observe(turn.decode_ms / 1000)
         if audio_s > 0:
@@ -291,10 +308,73 @@ class Session:
         if not result.text:
             self.turn_state.turn_empty()
             await self.out.event("turn.empty", reason="no_words")
-            return
+            return False
         await self.out.event("transcript.final", text=result.text, language=result.language,
                              audio_ms=int(audio_s * 1000))
-        await self._begin_response(result.text, t_end=t_end, asr_ms=turn.last_decode_ms)
+        return True
+
+    # ---- speculative end of turn (see pipeline/speculation.py) ----------------------
+
+    def _speculate(self, *, t_end: float) -> None:
+        """The speech paused: decode the final transcript and start the reply now,
+        held back until the turn really ends. Only when nothing else is in progress."""
+        turn = self._asr
+        if turn is None or self._spec is not None or self._pending():
+            return
+        spec = Speculation(turn=turn, outbox=HeldOutbox(self.out), t_end=t_end)
+        spec.task = self._spawn(self._run_speculation(spec))
+        self._spec = spec
+
+    async def _run_speculation(self, spec: Speculation) -> None:
+        try:
+            spec.peek = await spec.turn.peek_final()
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - busy, too long, failed: the turn's end decodes normally
+            logger.debug("session %s: no speculation", self.id, exc_info=True)
+            return
+        text = spec.peek[0].text
+        if text:
+            spec.resp = self._new_response(out=spec.outbox, release=spec.outbox.released)
+            spec.resp.task = self._spawn(self._reply(spec.resp, text, spec.t_end, spec.turn.last_decode_ms))
+
+    def _drop_speculation(self, *, reopen: bool = True) -> None:
+        """The user went on speaking (or the session changed): discard the speculation."""
+        spec, self._spec = self._spec, None
+        if spec is not None:
+            metrics.SPECULATIONS.labels("dropped").inc()
+            spec.drop()
+            if reopen and spec.turn is self._asr:
+                spec.turn.reopen()
+
+    async def _confirm(self, spec: Speculation) -> None:
+        """The turn ended where the speculation decoded it: make its transcript final
+        and let its reply out (or fall back to a normal final decode)."""
+        promoted = False
+        try:
+            if spec.task is not None:
+                await asyncio.gather(spec.task, return_exceptions=True)
+            if spec.peek is None:
+                metrics.SPECULATIONS.labels("failed").inc()
+                await self._transcribe_and_reply(spec.turn, spec.t_end)
+                return
+            metrics.SPECULATIONS.labels("used").inc()
+            _, req, result = spec.peek
+            final = spec.turn.commit_final(req, result)
+            if not await self._final_transcript(spec.turn, final):
+                return
+            if spec.resp is None:
+                return
+            await self._cancel_current()
+            self._response, promoted = spec.resp, True
+            self.turn_state.reply_started()
+            await spec.outbox.release()
+            if spec.resp.task.done() and self._response is spec.resp:
+                self._response = None
+                self.turn_state.reply_ended()
+        finally:
+            if not promoted and spec.resp is not None:
+                spec.resp.task.cancel()
 
     # ---- replies -------------------------------------------------------------------
 
@@ -315,12 +395,21 @@ class Session:
         spoken = " ".join(resp.responder.spoken).strip()
         await self.out.event("response.cancelled", response_id=resp.rid, spoken_text=spoken, reason=reason)
 
+    def _new_response(self, *, out=None, release: asyncio.Event | None = None) -> _Response:
+        self._next_rid += 1
+        out = out or self.out
+
+        async def error(code: str, message: str) -> None:
+            metrics.ERRORS.labels(code).inc()
+            await out.event("error", code=code, message=message, fatal=False)
+
+        return _Response(Responder(rid=self._next_rid, engines=self.engines, cfg=self.cfg, out=out,
+                                   history=self.history, output_rate=self.output_rate, error=error,
+                                   on_audio_start=self.turn_state.audio_started, release=release))
+
     async def _begin_response(self, user_text: str, *, t_end: float, asr_ms: float) -> None:
         await self._cancel_current()
-        self._next_rid += 1
-        resp = _Response(Responder(rid=self._next_rid, engines=self.engines, cfg=self.cfg, out=self.out,
-                                   history=self.history, output_rate=self.output_rate, error=self.error,
-                                   on_audio_start=self.turn_state.audio_started))
+        resp = self._new_response()
         self.turn_state.reply_started()
         resp.task = self._spawn(self._reply(resp, user_text, t_end, asr_ms))
         self._response = resp
@@ -329,12 +418,12 @@ class Session:
         try:
             await resp.responder.run(user_text, t_end=t_end, asr_ms=asr_ms)
         except Busy as exc:
-            await self.error("busy", str(exc))
+            await resp.responder.error("busy", str(exc))
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - this reply fails, the session goes on
             logger.exception("session %s: reply failed", self.id)
-            await self.error("reply_failed", f"reply failed: {exc}")
+            await resp.responder.error("reply_failed", f"reply failed: {exc}")
         finally:
             if self._response is resp:
                 self._response = None

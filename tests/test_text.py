@@ -42,6 +42,14 @@ CHUNK_TABLE = [
     # URLs and e-mail addresses stay whole
     ("See https://example.com/a.b?x=1 for details. Or write to bob.smith@example.com today.",
      ["See https://example.com/a.b?x=1 for details.", "Or write to bob.smith@example.com today."]),
+    # first-phrase word rule: no punctuation yet → cut after 5 words, at a plain word
+    # (not after "the"/"of", a number or an abbreviation); later phrases wait for punctuation
+    ("This is a classic idiom that means you should serve your country well.",
+     ["This is a classic idiom", "that means you should serve your country well."]),
+    ("It was one of the best days of the year for us.",
+     ["It was one of the best", "days of the year for us."]),
+    ("We met at 10 or 11 in Dr. Smith's office on Main Street today.",
+     ["We met at 10 or 11 in Dr. Smith's", "office on Main Street today."]),
     # markdown lines and code fences
     ("Steps:\n- open the box\n- take it out\n```python\nprint(1)\nx = 2\n```\nDone now.",
      ["Steps:\n- open the box", "- take it out", "```python\nprint(1)\nx = 2\n```", "Done now."]),
