@@ -4,7 +4,14 @@ Modes (DESIGN.md §7): no batching (one request at a time), static batching (bat
 4 that wait until full and admit nobody while running), dynamic/continuous batching
 (``max_wait_ms=50``), and dynamic batching at reduced precision (int8 dynamic weight
 quantization on CPU against the bf16 baseline). Loads: a closed loop at fixed concurrency, and Poisson arrivals at a fixed
-rate. Chat prompts of varied length with varied ``max_new_tokens``.
+rate. Chat prompts of varied length with varied ``max_new_tokens``; every request uses the
+chat template's default system prompt, as chat requests share one system prompt in serving.
+
+A run is finite: at its start the batch fills and at its end it drains (the last requests
+decode in a shrinking batch), which weighs on throughput at small ``--requests``. With the
+default 24 requests at concurrency 8 that tail is about a fifth of the dynamic run; pass
+``--requests 96`` (or more) to measure the steady state. The no-batching Poisson rows are
+overloaded at 1.5 req/s (capacity is ~0.5 req/s), so their latency grows with the run length.
 """
 
 from __future__ import annotations

@@ -15,6 +15,11 @@ every chat request) is computed once and then copied from a small LRU prefix cac
 joining request prefills only its own tokens. After each forward a row's KV is compacted
 (real columns to the right, in order: RoPE is already applied, so a column may move), and
 columns that are padding for every row are trimmed.
+
+A step with both decoding rows and prompt chunks runs as ONE forward (:meth:`ModelRunner._mixed`,
+vLLM-style mixed batch): every new token in one flat sequence, a block mask keeping rows
+apart. On this CPU a forward costs about one pass over the weights whatever the batch, so
+a separate prefill forward would cost every running request a whole extra step per join.
 """
 
 from __future__ import annotations
@@ -52,12 +57,14 @@ class ModelRunner:
         device: its ``torch.device``.
         pad_id: token id used for padding (its embeddings are masked out).
         prefix_cache_size: shared prompt prefixes whose KV is kept (0 disables).
+        mixed: run the prefill chunks in the same forward as the decoding rows
+            (:meth:`_mixed`); False runs them as a second, padded forward.
     """
 
     MIN_PREFIX = 8
     """Shorter shared prefixes are not worth a cache entry."""
 
-    def __init__(self, model, device, pad_id: int, *, prefix_cache_size: int = 8) -> None:
+    def __init__(self, model, device, pad_id: int, *, prefix_cache_size: int = 8, mixed: bool = True) -> None:
         self.model, self.device, self.pad_id = model, device, pad_id
         self.rows: list[_Row] = []
         self.cache = None
@@ -69,6 +76,7 @@ class ModelRunner:
         self.prefixes: OrderedDict[tuple[int, ...], _KV] = OrderedDict()
         self.prefix_hits = 0
         self._partial: dict[int, _KV] = {}  # rid -> KV of a prompt prefilled so far
+        self.mixed = mixed
 
     @property
     def batch_size(self) -> int:
@@ -103,10 +111,13 @@ class ModelRunner:
                 ids = [r.rid for r in self.rows]
                 if ids != [r.rid for r in plan.decode]:
                     raise RuntimeError(f"runner rows {ids} do not match the plan {[r.rid for r in plan.decode]}")
-                logits = self._decode()
-                out.update(zip(ids, self._sample(logits, self.rows)))
-            if plan.prefill:
-                out.update(self._prefill(plan.prefill, plan.spans))
+            if plan.decode and plan.prefill and self.mixed:
+                out.update(self._mixed(plan.prefill, plan.spans))
+            else:
+                if plan.decode:
+                    out.update(zip(ids, self._sample(self._decode(), self.rows)))
+                if plan.prefill:
+                    out.update(self._prefill(plan.prefill, plan.spans))
             if self.rows:
                 self.last = torch.tensor([out[r.rid] for r in self.rows], device=self.device)
         return out
@@ -121,11 +132,9 @@ class ModelRunner:
         self.attn, self.pos = attn, self.pos + 1
         return res.logits[:, -1].float()
 
-    def _prefill(self, reqs: list[SchedRequest], spans: dict[int, tuple[int, int]]) -> dict[int, int]:
-        """One padded forward over every planned chunk. Row i's columns are
-        [padding][its past KV][padding][its chunk]: each row sees only its own tokens."""
-        from transformers import DynamicCache
-
+    def _chunks(self, reqs: list[SchedRequest], spans: dict[int, tuple[int, int]]):
+        """Per planned chunk: its past KV (partial prompt or cached prefix), the first and
+        end token to compute, and whether it starts the prompt (a prefix to remember)."""
         pasts, starts, ends, fresh = [], [], [], []
         for r in reqs:
             start, end = spans[r.rid]
@@ -136,6 +145,81 @@ class ModelRunner:
             pasts.append(past)
             starts.append(start)
             ends.append(end)
+        return pasts, starts, ends, fresh
+
+    def _finish_chunks(self, reqs, ends, fresh, kv: "_KV", logits: torch.Tensor) -> dict[int, int]:
+        """Keep unfinished prompts aside, remember new prefixes, sample and merge the rows
+        whose prompt is done. ``kv`` holds every chunk's row (compacted); ``logits`` their
+        last position."""
+        done = [i for i, (r, e) in enumerate(zip(reqs, ends)) if e >= len(r.prompt_ids)]
+        for i, r in enumerate(reqs):
+            if fresh[i] or i not in done:
+                row = kv.select([i]).trim()
+                if fresh[i]:
+                    self._remember_prefix(r, row)
+                if i not in done:
+                    self._partial[r.rid] = row
+        if not done:
+            return {}
+        rows = [_Row(reqs[i].rid, self.params.pop(reqs[i].rid, SamplingParams())) for i in done]
+        toks = self._sample(logits[done].float(), rows)
+        self._merge(rows, kv.select(done).trim(), torch.tensor([len(reqs[i].prompt_ids) for i in done],
+                                                               device=self.device))
+        return {row.rid: t for row, t in zip(rows, toks)}
+
+    def _mixed(self, reqs: list[SchedRequest], spans: dict[int, tuple[int, int]]) -> dict[int, int]:
+        """Decode the running rows and prefill the planned chunks in ONE forward.
+
+        On a CPU a decode step costs about one pass over the weights whatever the batch,
+        so a separate prefill forward would cost the running rows a whole step. Here all
+        new tokens (one per running row, then each chunk) form one flat sequence of batch 1;
+        their keys are every row's past flattened side by side, and a (1, 1, Q, L) mask lets
+        each token see only its own row's past and the earlier tokens of its own chunk.
+        """
+        pasts, starts, ends, fresh = self._chunks(reqs, spans)
+        b, t = len(self.rows), self.kv_columns
+        lens = [e - s for s, e in zip(starts, ends)]
+        dev = self.device
+        ids = torch.cat([self.last, torch.tensor([x for r, s, e in zip(reqs, starts, ends)
+                                                  for x in r.prompt_ids[s:e]], device=dev)])
+        pos = torch.cat([self.pos] + [torch.arange(s, e, device=dev) for s, e in zip(starts, ends)])
+        q = len(ids)
+        # key columns: batch past (B*T), each chunk's past, then the Q new tokens
+        seg_q = torch.cat([torch.arange(b, device=dev)] +
+                          [torch.full((n,), b + j, device=dev) for j, n in enumerate(lens)])
+        seg_k = torch.cat([torch.where(self.attn.bool(), torch.arange(b, device=dev)[:, None], -1).reshape(-1)] +
+                          [torch.full((p.columns,), b + j, device=dev) for j, p in enumerate(pasts)] + [seg_q])
+        order_k = torch.cat([torch.full((len(seg_k) - q,), -1, device=dev), torch.arange(q, device=dev)])
+        mask = (seg_q[:, None] == seg_k[None, :]) & (order_k[None, :] <= torch.arange(q, device=dev)[:, None])
+        cache = _FlatCache([layer.keys for layer in self.cache.layers],
+                           [layer.values for layer in self.cache.layers], pasts)
+        last = torch.tensor([b - 1 + sum(lens[: j + 1]) for j in range(len(reqs))], device=dev)
+        keep = torch.cat([torch.arange(b, device=dev), last])
+        res = self.model(input_ids=ids[None], attention_mask=mask[None, None], position_ids=pos[None],
+                         cache=cache, use_cache=True, logits_to_keep=keep)
+        logits = res.logits[0].float()
+        out = dict(zip([r.rid for r in self.rows], self._sample(logits[:b], self.rows)))
+        for layer, k, v in zip(self.cache.layers, cache.new_keys, cache.new_values):  # append the decoded column
+            layer.keys = torch.cat([layer.keys, k[0, :, :b].transpose(0, 1)[:, :, None]], dim=2)
+            layer.values = torch.cat([layer.values, v[0, :, :b].transpose(0, 1)[:, :, None]], dim=2)
+        self.attn = torch.cat([self.attn, torch.ones(b, 1, dtype=self.attn.dtype, device=dev)], dim=1)
+        self.pos = self.pos + 1
+        offs = [b + sum(lens[:j]) for j in range(len(reqs))]
+        rows = [_KV([torch.cat([p.keys[i], k[:, :, o : o + n]], dim=2) if p.keys else k[:, :, o : o + n]
+                     for i, k in enumerate(cache.new_keys)],
+                    [torch.cat([p.values[i], v[:, :, o : o + n]], dim=2) if p.values else v[:, :, o : o + n]
+                     for i, v in enumerate(cache.new_values)],
+                    torch.ones((1, p.columns + n), dtype=torch.long, device=dev))
+                for p, o, n in zip(pasts, offs, lens)]
+        out.update(self._finish_chunks(reqs, ends, fresh, _KV.cat(rows), logits[b:]))
+        return out
+
+    def _prefill(self, reqs: list[SchedRequest], spans: dict[int, tuple[int, int]]) -> dict[int, int]:
+        """One padded forward over every planned chunk. Row i's columns are
+        [padding][its past KV][padding][its chunk]: each row sees only its own tokens."""
+        from transformers import DynamicCache
+
+        pasts, starts, ends, fresh = self._chunks(reqs, spans)
         past = _KV.cat(pasts)
         n, tp = len(reqs), past.columns
         c = max(e - s for s, e in zip(starts, ends))
@@ -153,22 +237,7 @@ class ModelRunner:
         res = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, cache=cache, use_cache=True,
                          logits_to_keep=1)
         kv = _KV([layer.keys for layer in cache.layers], [layer.values for layer in cache.layers], attn)
-        kv = kv.zero_padding().compact()
-        done = [i for i, (r, e) in enumerate(zip(reqs, ends)) if e >= len(r.prompt_ids)]
-        for i, r in enumerate(reqs):
-            if fresh[i] or i not in done:
-                row = kv.select([i]).trim()
-                if fresh[i]:
-                    self._remember_prefix(r, row)
-                if i not in done:
-                    self._partial[r.rid] = row
-        if not done:
-            return {}
-        rows = [_Row(reqs[i].rid, self.params.pop(reqs[i].rid, SamplingParams())) for i in done]
-        toks = self._sample(res.logits[done, -1].float(), rows)
-        self._merge(rows, kv.select(done).trim(), torch.tensor([len(reqs[i].prompt_ids) for i in done],
-                                                               device=self.device))
-        return {row.rid: t for row, t in zip(rows, toks)}
+        return self._finish_chunks(reqs, ends, fresh, kv.zero_padding().compact(), res.logits[:, -1])
 
     # ---- prefix cache ------------------------------------------------------------------
 
@@ -234,6 +303,30 @@ class ModelRunner:
                     row.gen = torch.Generator(device="cpu").manual_seed(p.seed)
                 toks[i] = _sample_row(logits[i].cpu(), p, row.gen)
         return toks
+
+
+class _FlatCache:
+    """Cache for :meth:`ModelRunner._mixed`: each layer's keys are the batch rows' KV laid
+    side by side (B*T columns), the chunks' pasts, then the step's new tokens, which are
+    also kept (``new_keys``/``new_values``) to be put back into the rows afterwards."""
+
+    is_compileable = False
+
+    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor], pasts: list["_KV"]) -> None:
+        self.keys, self.values, self.pasts = keys, values, pasts
+        self.new_keys: list[torch.Tensor] = []
+        self.new_values: list[torch.Tensor] = []
+
+    def update(self, k: torch.Tensor, v: torch.Tensor, layer_idx: int, *args, **kwargs):
+        self.new_keys.append(k)
+        self.new_values.append(v)
+        return self._flat(self.keys[layer_idx], [p.keys[layer_idx] for p in self.pasts if p.keys], k), \
+            self._flat(self.values[layer_idx], [p.values[layer_idx] for p in self.pasts if p.values], v)
+
+    @staticmethod
+    def _flat(batch: torch.Tensor, pasts: list[torch.Tensor], new: torch.Tensor) -> torch.Tensor:
+        b, h, t, d = batch.shape
+        return torch.cat([batch.transpose(0, 1).reshape(1, h, b * t, d), *pasts, new], dim=2)
 
 
 @dataclass(slots=True)

@@ -193,14 +193,17 @@ def test_runner_frees_rows_and_trims_padding(tiny_model):
     assert runner.batch_size == 0 and runner.cache is None
 
 
-def test_chunked_prefill_and_shared_prefix_are_token_identical(tiny_model):
+@pytest.mark.parametrize("mixed", [True, False])
+def test_chunked_prefill_and_shared_prefix_are_token_identical(tiny_model, mixed):
     g = torch.Generator().manual_seed(2)
     system = torch.randint(1, 256, (12,), generator=g).tolist()  # shared by every request
     specs = []
     for i in range(6):
         own = torch.randint(1, 256, (int(torch.randint(2, 70, (1,), generator=g)),), generator=g).tolist()
         specs.append((i * 2, system + own, int(torch.randint(4, 20, (1,), generator=g))))
-    runner = ModelRunner(tiny_model, torch.device("cpu"), pad_id=0)
+    runner = ModelRunner(tiny_model, torch.device("cpu"), pad_id=0, mixed=mixed)
+    mixed_steps = []
+    runner._mixed = lambda *a, f=runner._mixed: mixed_steps.append(1) or f(*a)  # count mixed forwards
     plans: list = []
     together = run(tiny_model, specs, max_batch=4, prefill_budget=24, prefix_len=len(system), runner=runner,
                    plans=plans)
@@ -208,5 +211,6 @@ def test_chunked_prefill_and_shared_prefix_are_token_identical(tiny_model):
     assert all(sum(b - a for a, b in spans.values()) <= 24 for _, spans in plans)
     assert any(decode and spans for decode, spans in plans)  # prefill chunks ran beside decoding rows
     assert not runner._partial and runner.batch_size == 0
+    assert bool(mixed_steps) == mixed
     for rid, spec in enumerate(specs):
         assert together[rid] == run(tiny_model, [(0, spec[1], spec[2])])[0], f"request {rid} differs"
