@@ -52,18 +52,34 @@ class PcmFormat:
         return SAMPLE_WIDTH[self.format] * self.channels
 
 
+MIN_EVIDENCE = 64
+"""Non-zero 32-bit words needed before the format check decides anything."""
+
+
+def f32_evidence(data: bytes) -> int:
+    """Number of non-zero 32-bit words in ``data`` (what :func:`looks_like_f32` judges)."""
+    n = len(data) // 4
+    return int(np.count_nonzero(np.frombuffer(data[: n * 4], dtype="<u4"))) if n else 0
+
+
 def looks_like_f32(data: bytes) -> bool:
     """True if ``data`` reads as plausible float32 audio in [-1, 1].
 
     Real PCM16 audio read as float32 gives mostly non-finite, huge or denormal
-    values, so this separates the two formats on a few hundred bytes.
+    values, so this separates the two formats on a few hundred bytes. Only non-zero
+    words count (zeros read the same in both formats), and fewer than
+    :data:`MIN_EVIDENCE` of them decide nothing (False): near-silent PCM16 — zeros and
+    ±1 dither — is never mistaken for float32.
     """
     n = len(data) // 4
     if n < 16:
         return False
     x = np.frombuffer(data[: n * 4], dtype="<f4")
-    ok = np.isfinite(x) & (np.abs(x) <= 1.0) & ((np.abs(x) > 1e-7) | (x == 0))
-    return bool(ok.mean() > 0.98 and np.any(x != 0))
+    x = x[x != 0]
+    if len(x) < MIN_EVIDENCE:
+        return False
+    ok = np.isfinite(x) & (np.abs(x) <= 1.0) & (np.abs(x) > 1e-7)
+    return bool(ok.mean() > 0.98)
 
 
 class PcmDecoder:
@@ -97,7 +113,7 @@ class PcmDecoder:
             return np.zeros(0, dtype=np.float32)
         raw = buf[:usable]
         if not self._checked and len(raw) >= 512:
-            self._check(raw)
+            self._check(raw)  # until the audio has enough non-zero samples to judge
         if self.fmt.format == "pcm16":
             x = np.frombuffer(raw, dtype="<i2").astype(np.float32) / 32768.0
         else:
@@ -116,8 +132,12 @@ class PcmDecoder:
         return self._resample(np.zeros(0, dtype=np.float32), last=True)
 
     def _check(self, raw: bytes) -> None:
-        self._checked = True
-        if self.fmt.format == "pcm16" and looks_like_f32(raw[:4096]):
+        if self.fmt.format != "pcm16":
+            self._checked = True
+            return
+        head = raw[:4096]
+        self._checked = f32_evidence(head) >= MIN_EVIDENCE
+        if self._checked and looks_like_f32(head):
             raise AudioFormatError(
                 "audio looks like float32 but 'pcm16' was declared: send format 'f32'"
             )
@@ -130,7 +150,7 @@ class PcmDecoder:
 
 def float_to_pcm16(x: np.ndarray) -> bytes:
     """float32 samples in [-1, 1], shape (n,) → little-endian PCM16 bytes (clipped)."""
-    return (np.clip(x, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
+    return np.rint(np.clip(x, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
 
 
 def resample(x: np.ndarray, src_rate: int, dst_rate: int) -> np.ndarray:

@@ -32,5 +32,5 @@ def write_wav(path: str | Path, samples: np.ndarray, sample_rate: int) -> None:
     """Write mono samples (float32 in [-1, 1] or int16) as a 16-bit PCM WAV file."""
     arr = np.asarray(samples)
     if arr.dtype != np.int16:
-        arr = (np.clip(arr, -1.0, 1.0) * 32767.0).astype(np.int16)
+        arr = np.rint(np.clip(arr, -1.0, 1.0) * 32767.0).astype(np.int16)
     sf.write(str(path), arr, sample_rate, subtype="PCM_16")

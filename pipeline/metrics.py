@@ -5,6 +5,7 @@ Latencies are histograms in seconds; queue depths are read from the engines when
 
 from __future__ import annotations
 
+import psutil
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 REGISTRY = CollectorRegistry()
@@ -38,10 +39,5 @@ def render(engines=None) -> bytes:
         for stage, depth in engines.queue_depths().items():
             QUEUE_DEPTH.labels(stage).set(depth)
         LLM_RUNNING.set(engines.llm.active)
-    try:
-        import resource
-
-        RSS_BYTES.set(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
-    except Exception:  # noqa: BLE001 - not on every platform
-        pass
+    RSS_BYTES.set(psutil.Process().memory_info().rss)  # current, not peak (ru_maxrss)
     return generate_latest(REGISTRY)

@@ -97,6 +97,7 @@ class Session:
         """Handle ``session.start``: (re)declare formats and reset the audio state.
         With ``vad`` False every sample is speech: turns end at ``input.end``."""
         self.fmt = PcmFormat(sample_rate, format, channels)
+        await self._cancel_current("restart")  # its audio is in the old output format
         self._decoder = PcmDecoder(self.fmt)
         self._vad = self.engines.vad.stream() if vad else AllSpeech()
         self._endpointer = Endpointer(self.cfg.turn)
@@ -177,6 +178,10 @@ class Session:
         """The language to decode: None (detect) when not given; a code the model does
         not know is reported and detected instead. English-only models ignore it."""
         asr = self.engines.asr
+        if language is not None and not getattr(asr, "multilingual", False) and language != "en":
+            await self.error("bad_event", f"the ASR model is English-only: language {language!r} is not "
+                                          "supported (start the server with --asr-model base); decoding English")
+            return "en"
         if language is None or not getattr(asr, "multilingual", False):
             return language
         if language not in asr.languages:
@@ -380,7 +385,8 @@ class Session:
 
     async def _cancel_current(self, reason: str = "new_turn") -> None:
         """Cancel the reply in progress; ``reason``: ``client`` (response.cancel),
-        ``barge_in``, ``continued`` (the user went on with the same turn) or ``new_turn``."""
+        ``barge_in``, ``continued`` (the user went on with the same turn), ``new_turn`` or
+        ``restart`` (a new ``session.start``)."""
         resp, self._response = self._response, None
         if resp is None or resp.task.done():
             return

@@ -10,6 +10,7 @@ from typing import Callable
 
 import numpy as np
 
+from audio.pcm import float_to_pcm16
 from audio.wav import read_audio, write_wav
 
 from .protocol import parse_audio_frame
@@ -50,7 +51,7 @@ def _pcm16_frames(path: str) -> tuple[list[bytes], int, int]:
     channels = 1 if data.ndim == 1 else data.shape[1]
     if channels > 2:
         data, channels = data.mean(axis=1), 1
-    pcm = (np.clip(data, -1, 1) * 32767).astype("<i2").tobytes()
+    pcm = float_to_pcm16(data)  # rounds: a PCM16 file's samples survive exactly
     step = rate * FRAME_MS // 1000 * 2 * channels
     return [pcm[i : i + step] for i in range(0, len(pcm), step)], rate, channels
 

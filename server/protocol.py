@@ -31,7 +31,7 @@ class SessionStart(_Event):
     type: Literal["session.start"]
     sample_rate: int = Field(16000, ge=8000, le=48000, description="input rate (Hz)")
     format: Literal["pcm16", "f32"] = "pcm16"
-    channels: Literal[1, 2] = 1
+    channels: int = Field(1, ge=1, le=2, description="1 (mono) or 2 (interleaved stereo)")
     output_sample_rate: int = Field(24000, ge=8000, le=48000, description="reply audio rate (Hz)")
     system_prompt: str | None = Field(None, max_length=MAX_TEXT_CHARS)
     language: str | None = Field(None, min_length=2, max_length=8)
@@ -93,7 +93,8 @@ def parse_client_event(text: str):
         raise ProtocolError("bad_json", f"event must be a JSON object, got {type(raw).__name__}")
     kind = raw.get("type")
     if kind not in CLIENT_TYPES:
-        raise ProtocolError("unknown_type", f"unknown event type {kind!r}; expected one of {list(CLIENT_TYPES)}")
+        shown = repr(kind) if len(repr(kind)) <= 64 else repr(kind)[:60] + "...'"
+        raise ProtocolError("unknown_type", f"unknown event type {shown}; expected one of {list(CLIENT_TYPES)}")
     try:
         return _ADAPTER.validate_python(raw)
     except ValidationError as exc:

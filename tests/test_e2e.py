@@ -247,3 +247,12 @@ async def test_tiny_and_odd_audio_frames_still_transcribe(server, audio_dir):
         ev = await c.wait_for(lambda e: e["type"] in ("transcript.final", "turn.empty"), 60)
         assert ev["type"] == "transcript.final" and "forward" in normalize(ev["text"])
         assert not c.conv.of("error")
+
+
+async def test_language_on_an_english_only_model_is_reported(server):
+    """tiny.en cannot decode German: say so instead of silently transcribing it as English."""
+    async with Client(server["url"]) as c:
+        await c.start(sample_rate=16000, language="de")
+        err = c.conv.of("error")
+        assert len(err) == 1 and err[0]["code"] == "bad_event" and "English-only" in err[0]["message"]
+        assert err[0]["fatal"] is False and c.conv.of("session.started")

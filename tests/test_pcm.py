@@ -80,6 +80,39 @@ def test_silence_is_accepted_in_both_formats():
         assert len(PcmDecoder(PcmFormat(16000, fmt, 1)).feed(data)) == 1600
 
 
+@pytest.mark.parametrize("dither", [1, 3, 30])
+def test_near_silent_pcm16_is_accepted(dither):
+    """Digital near-silence (zeros with sparse small values, as a muted mic sends) once
+    read as clean float32 because zeros dominated; it must decode as PCM16."""
+    rng = np.random.default_rng(dither)
+    x = np.zeros(16000, np.int16)
+    hits = rng.choice(len(x), 400, replace=False)
+    x[hits] = rng.integers(-dither, dither + 1, len(hits))
+    out = PcmDecoder(PcmFormat(16000, "pcm16", 1)).feed(x.astype("<i2").tobytes())
+    assert len(out) == 16000 and np.max(np.abs(out)) <= (dither + 1) / 32768
+
+
+def test_f32_after_leading_silence_is_still_caught():
+    """The check waits for enough non-zero samples instead of passing on silence."""
+    dec = PcmDecoder(PcmFormat(16000, "pcm16", 1))
+    dec.feed(bytes(8192))  # silence decides nothing
+    with pytest.raises(AudioFormatError):
+        dec.feed(tone(16000).astype("<f4").tobytes())
+
+
+def test_client_frames_round_pcm16_exactly(tmp_path):
+    from audio.wav import write_wav
+    from server.client import _pcm16_frames
+
+    x = np.arange(-16000, 16000, 7, dtype=np.int16)  # |x| < 16384: x * 32767 / 32768 rounds back to x
+    path = tmp_path / "ramp.wav"
+    write_wav(path, x, 16000)
+    frames, rate, ch = _pcm16_frames(str(path))
+    got = np.frombuffer(b"".join(frames), dtype="<i2")
+    assert rate == 16000 and ch == 1
+    assert np.array_equal(got, x)  # truncation made every non-zero sample one step smaller
+
+
 @pytest.mark.parametrize("kw", [dict(sample_rate=7999), dict(channels=3), dict(format="mp3")])
 def test_bad_formats_raise(kw):
     args = dict(sample_rate=16000, format="pcm16", channels=1) | kw

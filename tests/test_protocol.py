@@ -1,0 +1,28 @@
+"""Client event validation at the edge (no server)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from server.protocol import ProtocolError, parse_client_event
+
+
+@pytest.mark.parametrize("field, value", [("channels", True), ("channels", 2.0), ("sample_rate", True),
+                                          ("sample_rate", 16000.0), ("vad", 1), ("output_sample_rate", "24000")])
+def test_strict_types_reject_look_alikes(field, value):
+    with pytest.raises(ProtocolError) as exc:
+        parse_client_event(json.dumps({"type": "session.start", field: value}))
+    assert exc.value.code == "bad_event" and field in str(exc.value)
+
+
+def test_valid_start_keeps_its_values():
+    ev = parse_client_event(json.dumps({"type": "session.start", "channels": 2, "sample_rate": 44100}))
+    assert (ev.channels, ev.sample_rate, ev.format, ev.vad) == (2, 44100, "pcm16", True)
+
+
+def test_unknown_type_error_does_not_echo_a_huge_value():
+    with pytest.raises(ProtocolError) as exc:
+        parse_client_event(json.dumps({"type": "x" * 1_000_000}))
+    assert exc.value.code == "unknown_type" and len(str(exc.value)) < 300
