@@ -170,8 +170,10 @@ def _ask(args) -> int:
         print(json.dumps(res.as_json()))
     else:
         print(f"you said:   {res.transcript or '(nothing)'}")
-        print(f"voxpipe:    {res.reply_text or '(no reply)'}")
-        print(f"reply audio {res.as_json()['reply_audio_s']:.2f} s -> {args.out}")
+        why = f" (turn.empty: {res.empty_reason})" if res.empty_reason and not res.reply_text else ""
+        print(f"voxpipe:    {res.reply_text or '(no reply)'}{why}")
+        if res.reply_audio:
+            print(f"reply audio {res.as_json()['reply_audio_s']:.2f} s -> {args.out}")
         print("timings ms: " + ", ".join(f"{k}={v}" for k, v in res.timings_ms.items()))
     for err in res.errors:
         print(f"server error {err.get('code')}: {err.get('message')}", file=sys.stderr)

@@ -35,6 +35,7 @@ class AskResult:
     partials: list[dict] = field(default_factory=list)
     events: list[dict] = field(default_factory=list)
     errors: list[dict] = field(default_factory=list)
+    empty_reason: str | None = None  # the turn had no words: ``turn.empty``'s reason
 
     @property
     def reply_audio_s(self) -> float:
@@ -43,7 +44,8 @@ class AskResult:
     def as_json(self) -> dict:
         return {"transcript": self.transcript, "reply_text": self.reply_text,
                 "reply_audio_s": round(self.reply_audio_s, 3), "timings_ms": self.timings_ms,
-                "partials": self.partials}
+                "partials": self.partials, "turn_empty": self.empty_reason,
+                "errors": [{"code": e.get("code"), "message": e.get("message")} for e in self.errors]}
 
 
 def _pcm16_frames(path: str) -> tuple[list[bytes], int, int]:
@@ -137,8 +139,10 @@ async def _receive(ws, res: AskResult, marks: dict, on_partial: Callable[[dict],
             res.timings_ms["server"] = ev.get("timings_ms", {})
             if "input_end" in marks:
                 return
-        elif kind == "turn.empty" and "input_end" in marks:
-            return
+        elif kind == "turn.empty":
+            res.empty_reason = ev.get("reason")
+            if "input_end" in marks:
+                return
         elif kind == "error":
             res.errors.append(ev)
             if ev.get("fatal"):

@@ -24,7 +24,8 @@ def test_ask_json_prints_one_object_and_writes_audio(server, audio_dir, manifest
     lines = [ln for ln in r.stdout.splitlines() if ln.strip()]
     assert len(lines) == 1
     res = json.loads(lines[0])
-    assert set(res) == {"transcript", "reply_text", "reply_audio_s", "timings_ms", "partials"}
+    assert set(res) == {"transcript", "reply_text", "reply_audio_s", "timings_ms", "partials", "turn_empty", "errors"}
+    assert res["turn_empty"] is None and res["errors"] == []
     partials = res["partials"]  # live partial transcripts of the 11 s clip, in order
     assert len(partials) >= 3 and all(set(p) == {"t_ms", "text"} for p in partials)
     assert [p["t_ms"] for p in partials] == sorted(p["t_ms"] for p in partials)
@@ -47,6 +48,7 @@ def test_ask_music_has_no_reply(server, audio_dir, tmp_path):
     assert r.returncode == 0, r.stderr
     res = json.loads(r.stdout)
     assert res["transcript"] == "" and res["reply_text"] == "" and res["reply_audio_s"] == 0
+    assert res["turn_empty"] in ("no_speech", "no_words")  # says why there is no reply
 
 
 def test_ask_without_server_says_so_in_one_line(audio_dir):
