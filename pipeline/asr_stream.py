@@ -11,6 +11,14 @@ forced prefix; the words before the cut become the decoding prompt. If nothing h
 agreed on by ``max_buffer_s``, the words that end at least ``KEEP_S`` before the end of
 the buffer are committed and cut instead. So the buffer never reaches Whisper's 30 s
 window and no words fall off its end (CASES.md C03).
+
+Audio that arrives faster than it is decoded (a burst, ``voxpipe ask --fast``) is worked
+through the same way, never skipped: a request covers at most ``CATCHUP_WINDOW_S`` of the
+buffer, or ``CATCHUP_STEP_S`` past the end of the last request if that is more, and the
+driver decodes again at once while audio is left over. Decoding the buffer's first 27 s
+instead lost words: Whisper without timestamps often stops after a sentence on a long
+window, the word alignment then stretches that sentence over the whole window, and the
+cut after it dropped the speech it never wrote.
 """
 
 from __future__ import annotations
@@ -33,6 +41,13 @@ SLACK_WORDS = 3
 times come from cross-attention alignment, which on tiny.en was off by up to a second
 near the end of the committed text; cutting this many words earlier means such an error
 only re-reads committed words and never cuts into words not yet committed."""
+CATCHUP_WINDOW_S = 12.0
+"""A request of a buffer that is behind covers at most this much of it (s), or
+``CATCHUP_STEP_S`` past the last request's end if that is more (so a buffer with nothing
+agreed on still grows to ``max_buffer_s`` and is force-cut there). At real-time pace a
+buffer is cut near ``trim_s`` + one chunk, so every request covers the whole buffer."""
+CATCHUP_STEP_S = 2.0
+"""A request always reaches at least this far past the end of the last one (s)."""
 _SENTENCE_END = (".", "?", "!", "。", "？", "！")
 
 
@@ -75,7 +90,7 @@ class StreamingTranscript:
         self.agreement = LocalAgreement()
         self._chunks: list[np.ndarray] = []
         self._n = 0  # samples in the buffer
-        self._fed = 0  # samples fed since the last request was made
+        self._done = 0  # samples of the buffer covered by the last request
         self._k0 = 0  # committed words spoken before the buffer
         self._pending: _Pending | None = None
         self.trimmed_s = 0.0  # audio cut off the front of the buffer so far (s)
@@ -87,7 +102,6 @@ class StreamingTranscript:
         if len(samples):
             self._chunks.append(samples.astype(np.float32, copy=False))
             self._n += len(samples)
-            self._fed += len(samples)
 
     def drop_tail(self, n: int) -> None:
         """Remove the last ``n`` samples (silence after the end of speech)."""
@@ -95,6 +109,7 @@ class StreamingTranscript:
         if n:
             buf = self._buffer()[: self._n - n]
             self._chunks, self._n = [buf], len(buf)
+            self._done = min(self._done, self._n)
 
     @property
     def buffer_s(self) -> float:
@@ -107,26 +122,44 @@ class StreamingTranscript:
         return self.trimmed_s + self.buffer_s
 
     @property
+    def decoded_s(self) -> float:
+        """Audio of the turn up to the end of the last request (s)."""
+        return self.trimmed_s + self._done / RATE
+
+    @property
     def in_flight(self) -> bool:
         """True between :meth:`request` and :meth:`apply` / :meth:`cancel`."""
         return self._pending is not None
 
     def due(self) -> bool:
-        """True when no request is in flight and ``min_chunk_ms`` of new audio arrived."""
-        return self._pending is None and self._fed * 1000 >= self.cfg.min_chunk_ms * RATE
+        """True when no request is in flight and the buffer holds ``min_chunk_ms`` of
+        audio past the end of the last request (new audio, or audio still to catch up on)."""
+        return self._pending is None and (self._n - self._done) * 1000 >= self.cfg.min_chunk_ms * RATE
 
     def fits_final(self) -> bool:
-        """True when the whole buffer fits one decode (else :meth:`request` first)."""
-        return self._n <= self._max_samples()
+        """True when one request covers the whole buffer (else decode :meth:`request`
+        until it does: the buffer is behind)."""
+        return self._reach() >= self._n
+
+    def _reach(self) -> int:
+        """Samples of the buffer that the next non-final request covers."""
+        window = int(CATCHUP_WINDOW_S * RATE)
+        step = int(CATCHUP_STEP_S * RATE)
+        return min(self._n, self._max_samples(), max(window, self._done + step))
 
     # ---- decoding ----------------------------------------------------------------
 
     def request(self, *, final: bool = False) -> DecodeRequest:
-        """The next decode of the buffer (at most 30 s − ``pad_s``); marks it in flight."""
-        n = min(self._n, self._max_samples())
-        committed = self.agreement.committed
+        """The next decode of the buffer; marks it in flight. A final request covers the
+        whole buffer (at most 30 s − ``pad_s``: see :meth:`fits_final`), a partial one
+        what :data:`CATCHUP_WINDOW_S` allows."""
+        n = min(self._n, self._max_samples()) if final else self._reach()
         self._pending = _Pending(final, n)
-        self._fed = 0
+        self._done = n
+        return self._request(n, final=final)
+
+    def _request(self, n: int, *, final: bool) -> DecodeRequest:
+        committed = self.agreement.committed
         return DecodeRequest(
             audio=self._buffer()[:n],
             prefix=join_words(committed[self._k0 :]),
@@ -139,10 +172,7 @@ class StreamingTranscript:
         """A final decode of the buffer as it stands, for a speculative final transcript:
         like ``request(final=True)`` but nothing is marked in flight; answer it with
         :meth:`preview` (changes nothing) or :meth:`commit_final`."""
-        pending = self._pending
-        req = self.request(final=True)
-        self._pending = pending
-        return req
+        return self._request(min(self._n, self._max_samples()), final=True)
 
     def preview(self, result: DecodeResult, *, language: str | None = None) -> Partial:
         """The final transcript that ``result`` (the answer to :meth:`peek_request`)
@@ -207,7 +237,7 @@ class StreamingTranscript:
                 n_force += 1
             start = tail[0].start if tail else length - KEEP_S
             self.agreement.force(n_force)
-            if n_in + n_force > SLACK_WORDS:
+            if aligned and n_in + n_force > SLACK_WORDS:  # (word times are only usable aligned)
                 cut = n_in + n_force - 1 - SLACK_WORDS
             elif aligned and n_in == 0 and not tail and start >= 1.0:  # nothing said: keep the end
                 self._cut(start - 0.3, n_words=0)
@@ -236,6 +266,7 @@ class StreamingTranscript:
         buf = self._buffer()[n:]
         self._chunks, self._n = [buf], len(buf)
         self._k0 += n_words
+        self._done = max(0, self._done - n)
         self.trimmed_s += n / RATE
         if n_words == 0:
             self.agreement.reset_tail()

@@ -3,7 +3,9 @@ shared ASR engine (asyncio side; the model runs in the engine's worker thread).
 
 At most one request per session is in flight: the next update is sent once the last one
 is answered and ``min_chunk_ms`` of new audio has arrived, so a slow engine makes a
-session's updates less frequent instead of piling up requests.
+session's updates less frequent instead of piling up requests. Audio that arrived faster
+than it was decoded (a burst) is caught up on with updates back to back, and the final
+decode waits until all of it has been worked through: no audio of a turn is skipped.
 """
 
 from __future__ import annotations
@@ -19,10 +21,6 @@ from .config import AsrConfig
 from .worker import Busy
 
 logger = logging.getLogger(__name__)
-
-MAX_PRE_FINAL = 4
-"""Extra decodes allowed before the final one when the buffer outgrew one window."""
-
 
 class AsrTurn:
     """Streaming ASR for one turn of one session.
@@ -49,6 +47,9 @@ class AsrTurn:
     def feed(self, samples: np.ndarray) -> None:
         """Add 16 kHz float32 samples; starts an update when one is due."""
         self.stream.feed(samples)
+        self._kick()
+
+    def _kick(self) -> None:
         if self.open and (self._task is None or self._task.done()) and self.stream.due():
             self._task = self._spawn(self._update())
 
@@ -65,6 +66,7 @@ class AsrTurn:
         self.updates += 1
         if part.text and self.open:
             await self.on_partial(part)
+        self._kick()  # audio is left over (it came faster than it was decoded): go on
 
     async def _decode(self, *, final: bool) -> Partial:
         req = self.stream.request(final=final)
@@ -100,10 +102,12 @@ class AsrTurn:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
-        for _ in range(MAX_PRE_FINAL):
-            if self.stream.fits_final():
-                break
+        while not self.stream.fits_final():  # the buffer is behind: catch up first
+            reached = self.stream.decoded_s
             await self._decode(final=False)
+            if self.stream.decoded_s <= reached:  # cannot happen: every request reaches further
+                logger.warning("asr: no progress catching up (%.1f s buffered)", self.stream.buffer_s)
+                break
         return await self._decode(final=True)
 
     async def peek_final(self) -> tuple[Partial, object, object]:

@@ -8,7 +8,7 @@ import numpy as np
 from pipeline.asr_agreement import LocalAgreement, join_words, split_words
 from pipeline.asr_decode import DecodeResult, TimedWord
 from pipeline.asr_guards import check_continuation, cut_repetition
-from pipeline.asr_stream import StreamingTranscript
+from pipeline.asr_stream import CATCHUP_WINDOW_S, StreamingTranscript
 from pipeline.config import AsrConfig
 
 RATE = 16000
@@ -97,12 +97,14 @@ class Script:
 
     def __init__(self, words: list[tuple[str, float, float]], *, flaky: bool = False) -> None:
         self.words, self.flaky, self.calls = words, flaky, 0  # (word, start, end): stream time
+        self.windows: list[float] = []  # audio of each request (s)
         self.offset = 0.0  # stream time of the buffer start
 
     def answer(self, st: StreamingTranscript, *, final: bool = False):
         self.calls += 1
         req = st.request(final=final)
         length = len(req.audio) / RATE
+        self.windows.append(length)
         heard = [(w, a - self.offset, b - self.offset) for w, a, b in self.words
                  if a >= self.offset - 1e-6 and b - self.offset <= length]
         prefix = split_words(req.prefix)
@@ -162,3 +164,33 @@ def test_silence_is_dropped_from_the_buffer():
     st, partials, buffers = stream(Script([]), 40.0, cfg)
     assert max(buffers) <= cfg.trim_s + 1.0
     assert all(p.text == "" for p in partials) and st.agreement.committed == []
+
+
+def test_a_burst_is_decoded_in_real_time_sized_windows_and_loses_no_word():
+    """90 s of speech arriving at once (``ask --fast``): worked through in windows of
+    about ``CATCHUP_WINDOW_S``, every word kept."""
+    cfg = AsrConfig()
+    words = speech(270)
+    script = Script(words)
+    st = StreamingTranscript(cfg)
+    st.feed(np.zeros(int(90.5 * RATE), np.float32))
+    assert st.due() and not st.fits_final()
+    while not st.fits_final():
+        script.answer(st)
+    final = script.answer(st, final=True)
+    assert final.text.split() == [w for w, _, _ in words]
+    assert max(script.windows) <= cfg.max_buffer_s  # never Whisper's whole window
+    assert np.median(script.windows) <= CATCHUP_WINDOW_S
+    assert len(script.windows) < 90 / 4  # a few seconds of progress per decode
+
+
+def test_unagreed_speech_in_a_burst_is_force_committed_and_kept():
+    cfg = AsrConfig(trim_s=4.0, max_buffer_s=8.0)
+    script = Script(speech(90, rate=3.0), flaky=True)
+    st = StreamingTranscript(cfg)
+    st.feed(np.zeros(30 * RATE, np.float32))
+    while not st.fits_final():
+        script.answer(st)
+    script.answer(st, final=True)
+    keys = [w.key.split("v")[0] for w in st.agreement.committed]
+    assert keys == [f"w{i}" for i in range(90)]
