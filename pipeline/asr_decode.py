@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .asr_agreement import join_words, split_words, word_spans
-from .asr_guards import check_continuation
+from .asr_guards import STOCK_NO_SPEECH, check_continuation, trailing_loop
 from .config import AsrConfig
 
 RATE = 16000
@@ -42,7 +42,9 @@ MAX_FRAMES = 3000
 """Whisper's 30 s window in feature frames."""
 TOKENS_PER_S = 10
 """Upper bound of tokens per second of speech (fast speech ≈ 6): a continuation that
-reaches ``TOKENS_PER_S`` × audio seconds + 8 tokens is a runaway loop and is dropped."""
+reaches ``TOKENS_PER_S`` × audio seconds + 8 tokens is a runaway loop: the words before
+the loop (and one copy of it) are kept when the decoder is sure there is speech, else
+all of it is dropped."""
 
 
 @dataclass(slots=True)
@@ -229,12 +231,15 @@ class BatchDecoder:
             new_ids = ids[len(it.prefix_ids) :] if ids[: len(it.prefix_ids)] == it.prefix_ids else ids
             n_gen = max(1, len(res.sequences_ids[0]) - len(it.prefix_ids) + 1)
             avg_lp = res.scores[0] * len(res.sequences_ids[0]) / n_gen if res.scores else 0.0
-            text = self.tokenizer(it.language).decode(new_ids)
+            runaway = len(new_ids) >= _budget(it)
+            text = self.tokenizer(it.language).decode(new_ids[: _budget(it)])  # the same alone or batched
+            if runaway:  # a loop on silence ("I am a man who is a man who is …") keeps nothing
+                text = _before_loop(text) if res.no_speech_prob <= STOCK_NO_SPEECH else ""
             kept, why = check_continuation(text, context=_join(it.req.prompt, it.req.prefix),
-                                           no_speech_prob=res.no_speech_prob,
-                                           avg_logprob=avg_lp, cfg=self.cfg)
-            if len(new_ids) >= _budget(it):  # judged the same alone or in any batch
-                kept, why = "", "runaway"
+                                           no_speech_prob=res.no_speech_prob, avg_logprob=avg_lp,
+                                           cfg=self.cfg)
+            if runaway:
+                why = "runaway"
             kept = join_words(split_words(kept))
             it.result = DecodeResult(kept, it.language or "en", None, float(res.no_speech_prob), float(avg_lp),
                                      why, window_s, len(group))
@@ -264,6 +269,16 @@ class BatchDecoder:
 def _budget(it: _Item) -> int:
     """Most new tokens a request's audio can hold (see :data:`TOKENS_PER_S`)."""
     return int(TOKENS_PER_S * len(it.req.audio) / RATE) + 8
+
+
+def _before_loop(text: str) -> str:
+    """The words of a runaway continuation before the loop it ran into, and one copy of
+    the loop ("of about 1455, 4555, 4555, …" → "of about 1455, 4555,"); "" when no loop
+    shows or nothing came before it (a loop from the start is noise). The last word
+    may be cut short by the token budget: it is left out."""
+    words = split_words(text)[:-1]
+    loop = trailing_loop([w.key for w in words])
+    return join_words(words[: sum(loop)]) if loop is not None and loop[0] > 0 else ""
 
 
 def _join(prefix: str, text: str) -> str:

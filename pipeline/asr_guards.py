@@ -77,6 +77,21 @@ def cut_repetition(text: str, *, max_repeats: int = 3, max_ngram: int = 8) -> st
     return join_words([w for w, k in zip(words, mask) if k])
 
 
+def trailing_loop(keys: list[str], *, copies: int = 2, max_ngram: int = 8) -> tuple[int, int] | None:
+    """The loop at the end of ``keys``: ``(start, n)`` such that ``keys[start:]`` is
+    ``copies`` or more back-to-back copies of an n-gram (n ≤ ``max_ngram``; the last copy
+    may be cut short), with the earliest end of the first copy (``start + n``); None when
+    the words do not end in such a loop. ``keys[: start + n]`` keeps one copy."""
+    best = None
+    for n in range(1, min(max_ngram, len(keys) // copies) + 1):
+        s = len(keys) - n  # keys[s:] repeats with period n
+        while s > 0 and keys[s - 1] == keys[s - 1 + n]:
+            s -= 1
+        if len(keys) - s >= copies * n and (best is None or s + n < sum(best)):
+            best = (s, n)
+    return best
+
+
 def _echo_length(before: list[str], cont: list[str]) -> int:
     """Length of the longest head of ``cont`` that re-reads the end of ``before`` (Whisper
     starting over once the audio is used up): 3 words equal, or at least 4 words of

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.asr_agreement import LocalAgreement, join_words, split_words
-from pipeline.asr_decode import DecodeResult, TimedWord
-from pipeline.asr_guards import check_continuation, cut_repetition
+from pipeline.asr_decode import DecodeResult, TimedWord, _before_loop
+from pipeline.asr_guards import check_continuation, cut_repetition, trailing_loop
 from pipeline.asr_stream import CATCHUP_WINDOW_S, StreamingTranscript
 from pipeline.config import AsrConfig
 
@@ -87,6 +87,12 @@ def test_guards():
     assert check_continuation("Thank you.", **ok) == ("Thank you.", "")  # clearly spoken: kept
     assert check_continuation(" . . . . . .", context="", no_speech_prob=0.96, avg_logprob=-0.1, cfg=cfg)[0] == ""
     assert cut_repetition("i think i think i think i think i think so") == "i think i think i think so"
+
+
+def test_a_runaway_keeps_the_words_before_its_loop():
+    assert _before_loop(" of about 1455, 4555, 4555, 4555, 4555, 45") == "of about 1455, 4555,"
+    assert _before_loop(" 小小小小小小小") == ""  # a loop from the start: noise
+    assert _before_loop(" and it went on and on without any loop at al") == ""
 
 
 # ---- StreamingTranscript with a scripted decoder -------------------------------------

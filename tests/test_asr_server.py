@@ -16,6 +16,7 @@ import pytest
 from audio.pcm import resample
 from audio.wav import read_mono
 from tests.conftest import ROOT, free_port
+from tests.test_asr_stream import dropped_phrases
 from tests.wsclient import Client, wer
 
 RATE = 16000
@@ -152,7 +153,8 @@ async def test_utterance_past_30_s_keeps_partials_and_loses_no_words(server, aud
     committed = [p["committed"] for p in partials] + [final["text"]]
     assert all(b.startswith(a) for a, b in zip(committed, committed[1:]))
     ref = " ".join(manifest[n]["reference_transcript"] for n in names)
-    assert wer(ref, final["text"]) <= 0.1, final["text"]
+    assert dropped_phrases(ref, final["text"]) == [], final["text"]
+    assert wer(ref, final["text"]) <= 0.06, final["text"]  # tiny.en clip by clip offline: 0.041
     late = [t for t in arrivals if t > 31.0]
     assert len(late) >= (len(x) / RATE - 31.0) / 2.0, arrivals  # still about one per 2 s of audio
 

@@ -98,16 +98,20 @@ def test_streaming_finals_match_offline_and_partials_come_first(asr, audio_dir, 
     assert np.mean(s_wer) <= np.mean(o_wer) + 0.02, (s_wer, o_wer)
 
 
-def test_stream_past_30_s_keeps_partials_and_words(asr, audio_dir, manifest):
-    """C03: one long utterance (the English clips back to back, ~46 s)."""
+@pytest.mark.parametrize("lead_ms", [0, 200])
+def test_stream_past_30_s_keeps_partials_and_words(asr, audio_dir, manifest, lead_ms):
+    """C03: one long utterance (the English clips back to back, ~46 s). ``lead_ms`` of
+    silence first shifts where the updates fall: with 200 ms the last final decode ran
+    into a loop ("of about 1455, 4555, 4555, …") and the whole continuation was dropped."""
     names = english(manifest)
-    x = np.concatenate([clip(audio_dir, n) for n in names])
+    x = np.concatenate([np.zeros(lead_ms * RATE // 1000, np.float32)] + [clip(audio_dir, n) for n in names])
     final, partials, max_buf = stream(asr, x)
     late = [t for t, p in partials if t > 30 and p.text]
     assert len(late) >= (len(x) / RATE - 30) * 0.8  # still about one partial per second
     assert max_buf <= asr.cfg.max_buffer_s
     ref = " ".join(manifest[n]["reference_transcript"] for n in names)
-    assert wer(ref, final.text) <= 0.1, final.text
+    assert dropped_phrases(ref, final.text) == [], final.text
+    assert wer(ref, final.text) <= 0.06, final.text  # tiny.en clip by clip offline: 0.041
 
 
 def test_audio_faster_than_real_time_loses_no_words(asr, audio_dir, manifest):
