@@ -57,6 +57,7 @@ class DecodeRequest:
         prompt: committed text spoken before ``audio`` (context only).
         language: ISO code, or None to detect (multilingual models only).
         word_times: also return the start/end time of every word (one batched align).
+        final: the end of the turn (False: the speech goes on after ``audio``).
     """
 
     audio: np.ndarray
@@ -64,6 +65,7 @@ class DecodeRequest:
     prompt: str = ""
     language: str | None = None
     word_times: bool = False
+    final: bool = False
 
 
 @dataclass(slots=True, frozen=True)
@@ -237,7 +239,7 @@ class BatchDecoder:
                 text = _before_loop(text) if res.no_speech_prob <= STOCK_NO_SPEECH else ""
             kept, why = check_continuation(text, context=_join(it.req.prompt, it.req.prefix),
                                            no_speech_prob=res.no_speech_prob, avg_logprob=avg_lp,
-                                           cfg=self.cfg)
+                                           cfg=self.cfg, partial=not it.req.final)
             if runaway:
                 why = "runaway"
             kept = join_words(split_words(kept))

@@ -107,7 +107,7 @@ def _echo_length(before: list[str], cont: list[str]) -> int:
 
 
 def check_continuation(text: str, *, context: str, no_speech_prob: float, avg_logprob: float,
-                       cfg: AsrConfig) -> tuple[str, str]:
+                       cfg: AsrConfig, partial: bool = False) -> tuple[str, str]:
     """Apply the guards to one decoded continuation.
 
     Args:
@@ -116,6 +116,9 @@ def check_continuation(text: str, *, context: str, no_speech_prob: float, avg_lo
         no_speech_prob, avg_logprob: from the decoder.
         cfg: thresholds (``no_speech_threshold``, ``log_prob_threshold``,
             ``compression_ratio_threshold``).
+        partial: the decode of a buffer whose speech goes on. Whisper loops where such
+            audio stops ("Go forward. Go forward. Go"), so a loop at the end of context +
+            text keeps one copy (a final keeps up to three: people do say "bye bye").
     Returns:
         (kept text, reason) — reason is "" when nothing was removed, else
         ``no_speech``, ``no_words``, ``compression``, ``hallucination`` or ``repetition``.
@@ -137,6 +140,12 @@ def check_continuation(text: str, *, context: str, no_speech_prob: float, avg_lo
     keys = [w.key for w in words]
     echo = _echo_length(before, keys)
     mask = [False] * echo + repetition_mask(before + keys[echo:])[len(before) :]
+    if partial:
+        idx = [j for j, m in enumerate(mask) if m]  # words kept so far
+        loop = trailing_loop(before + [keys[j] for j in idx])
+        if loop is not None:  # the loop's first copy stays (it may be committed already)
+            for j in idx[max(0, sum(loop) - len(before)) :]:
+                mask[j] = False
     if all(mask):
         return text, ""
     return join_words([w for w, k in zip(words, mask) if k]), "repetition"

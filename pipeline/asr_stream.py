@@ -166,6 +166,7 @@ class StreamingTranscript:
             prompt=join_words(committed[max(0, self._k0 - 64) : self._k0]),
             language=self.language,
             word_times=not final and n / RATE > self.cfg.trim_s,
+            final=final,
         )
 
     def peek_request(self) -> DecodeRequest:

@@ -89,6 +89,19 @@ def test_guards():
     assert cut_repetition("i think i think i think i think i think so") == "i think i think i think so"
 
 
+def test_a_partial_keeps_one_copy_of_a_loop_at_its_end():
+    cfg = AsrConfig()
+    ok = dict(context="", no_speech_prob=0.1, avg_logprob=-0.3, cfg=cfg)
+    loop = "Go forward. Go forward. Go forward. Go"
+    assert check_continuation(loop, **ok, partial=True) == ("Go forward.", "repetition")
+    assert check_continuation("Go forward. Go", **dict(ok, context="Go forward."), partial=True) == ("", "repetition")
+    assert check_continuation("no no", **ok, partial=True) == ("no", "repetition")
+    assert check_continuation("no no", **ok) == ("no no", "")  # a final keeps up to three copies
+    assert check_continuation("ten meters", **dict(ok, context="go forward"), partial=True) == ("ten meters", "")
+    assert trailing_loop("a b c".split()) is None
+    assert trailing_loop("x a b a b a".split()) == (1, 2)
+
+
 def test_a_runaway_keeps_the_words_before_its_loop():
     assert _before_loop(" of about 1455, 4555, 4555, 4555, 4555, 45") == "of about 1455, 4555,"
     assert _before_loop(" 小小小小小小小") == ""  # a loop from the start: noise

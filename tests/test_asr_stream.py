@@ -13,6 +13,7 @@ from audio.pcm import resample
 from audio.wav import read_mono
 from pipeline.asr import AsrEngine, AsrRequest, load_whisper
 from pipeline.asr_decode import DecodeRequest
+from pipeline.asr_agreement import split_words
 from pipeline.asr_stream import StreamingTranscript
 from pipeline.asr_turn import AsrTurn
 from pipeline.config import AsrConfig
@@ -142,6 +143,22 @@ def test_audio_faster_than_real_time_loses_no_words(asr, audio_dir, manifest):
             assert wer(ref, text) <= paced + 0.03, (frame, paced, text)
     finally:
         asr.stop()
+
+
+def test_partials_never_repeat_themselves(asr, audio_dir):
+    """Whisper loops where the audio of a partial decode stops: "Go forward. Go forward."
+    came out as a partial of "go forward ten meters" (the update 2 s into it, after
+    875 ms of silence). A partial never holds the same words twice in a row."""
+    x = clip(audio_dir, "en_cmu_goforward.wav")
+    for lead_ms in range(0, 1000, 125):
+        lead = np.zeros(lead_ms * RATE // 1000, np.float32)
+        final, partials, _ = stream(asr, np.concatenate([lead, x, np.zeros(RATE, np.float32)]))
+        for _, p in partials:
+            keys = [w.key for w in split_words(p.text)]
+            repeats = [keys[i : i + n] for n in range(1, 5) for i in range(len(keys) - 2 * n + 1)
+                       if keys[i : i + n] == keys[i + n : i + 2 * n]]
+            assert repeats == [], (lead_ms, p)
+        assert wer("go forward ten meters", final.text) == 0.0, final.text
 
 
 @pytest.mark.parametrize("kind", ["zeros", "noise-60dBFS"])
