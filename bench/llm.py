@@ -8,9 +8,9 @@ rate. Chat prompts of varied length with varied ``max_new_tokens``; every reques
 chat template's default system prompt, as chat requests share one system prompt in serving.
 
 A run is finite: at its start the batch fills and at its end it drains (the last requests
-decode in a shrinking batch), which weighs on throughput at small ``--requests``. With the
-default 24 requests at concurrency 8 that tail is about a fifth of the dynamic run; pass
-``--requests 96`` (or more) to measure the steady state. The no-batching Poisson rows are
+decode in a shrinking batch), which weighs on throughput at small ``--requests``: at 24
+requests and concurrency 8 that tail is about a fifth of the dynamic run. The default, 72
+requests, keeps it under a tenth, so the table shows the steady state. The no-batching Poisson rows are
 overloaded at 1.5 req/s (capacity is ~0.5 req/s), so their latency grows with the run length.
 """
 

@@ -70,6 +70,7 @@ class Responder:
         await self.out.event("response.started", response_id=self.rid, user_text=user_text)
         messages = await asyncio.to_thread(self.history.prompt, user_text, llm.count_tokens,
                                            cfg.max_context_tokens - cfg.max_new_tokens)
+        asked = messages[-1]["content"]  # the user text as it fit the context budget
         stream = llm.submit(GenRequest(messages=messages, max_new_tokens=cfg.max_new_tokens))  # may raise Busy
         speaker = asyncio.create_task(self._speak(t0, t_end))
         try:
@@ -81,13 +82,13 @@ class Responder:
             speaker.cancel()
             await asyncio.gather(speaker, return_exceptions=True)
             if self.release is None or self.release.is_set():  # a discarded speculation leaves no trace
-                self.history.add_turn(user_text, " ".join(self.spoken))
+                self.history.add_turn(asked, " ".join(self.spoken))
             raise
         st = stream.stats
         metrics.LLM_TTFT.observe(st.ttft_ms / 1000)
         if st.tpot_ms:
             metrics.LLM_TPOT.observe(st.tpot_ms / 1000)
-        self.history.add_turn(user_text, text)
+        self.history.add_turn(asked, text)
         timings = {"asr": round(asr_ms, 1), "llm_ttft": round(st.ttft_ms, 1), "llm_tpot": round(st.tpot_ms, 1),
                    **self.timings}
         await self.out.event("response.done", response_id=self.rid, text=text, fallback=fallback,

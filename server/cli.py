@@ -46,7 +46,8 @@ def _parser() -> argparse.ArgumentParser:
     bl = bsub.add_parser("llm", help="LLM batching modes: the design article's table")
     bl.add_argument("--llm", default="smollm2")
     bl.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    bl.add_argument("--requests", type=int, default=24)
+    bl.add_argument("--requests", type=int, default=72,
+                    help="requests per mode and load (72: the steady state dominates the fill/drain tail)")
     bl.add_argument("--concurrency", type=int, default=8)
     bl.add_argument("--rate", type=float, default=1.5, help="Poisson arrivals per second")
     bl.add_argument("--max-batch-size", type=int, default=8)
