@@ -22,7 +22,11 @@ HARD_NO_SPEECH = 0.85
 tiny.en, silence decoded as ". . ." and "you" at 0.95–0.98 with log-probabilities
 above −1, while no decode of the test speech that had words went above 0.62."""
 STOCK_NO_SPEECH = 0.4
-"""Above this no-speech probability the stock phrases below are taken as hallucinations."""
+"""Above this no-speech probability the stock phrases below are taken as hallucinations,
+and so is any text whose average log-probability is under ``log_prob_threshold``
+(Whisper's own rule asks for 0.6: on −60 dBFS noise, base decoded short buffers as
+"请问", "大陆》", "I'm sorry." at 0.50–0.60 with log-probabilities of −1.5 to −3.9,
+while no decode of the test speech with a log-probability under −1 went above 0.28)."""
 _STOCK_TEXTS = (
     "you", "Thank you.", "Thanks.", "Thank you very much.", "Thank you for watching!", "Thanks for watching!",
     "Bye.", "Music", "Music playing", "Subtitles by the Amara.org community", "我", "你",
@@ -128,8 +132,8 @@ def check_continuation(text: str, *, context: str, no_speech_prob: float, avg_lo
         return "", ""
     if not _WORD.search(text):
         return "", "no_words"
-    silent = no_speech_prob > cfg.no_speech_threshold and avg_logprob < cfg.log_prob_threshold
-    if silent or no_speech_prob > HARD_NO_SPEECH:
+    unsure = avg_logprob < cfg.log_prob_threshold
+    if (unsure and no_speech_prob > min(cfg.no_speech_threshold, STOCK_NO_SPEECH)) or no_speech_prob > HARD_NO_SPEECH:
         return "", "no_speech"
     words = split_words(text)
     if no_speech_prob > STOCK_NO_SPEECH and _phrase_key(text) in STOCK_PHRASES:

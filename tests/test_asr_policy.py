@@ -89,6 +89,17 @@ def test_guards():
     assert cut_repetition("i think i think i think i think i think so") == "i think i think i think so"
 
 
+def test_low_confidence_text_on_likely_silence_is_dropped():
+    cfg = AsrConfig()
+    noise = dict(context="", no_speech_prob=0.53, avg_logprob=-3.1, cfg=cfg)  # base on −60 dBFS noise
+    assert check_continuation("请问", **noise) == ("", "no_speech")
+    assert check_continuation("I'm sorry.", **dict(noise, no_speech_prob=0.51, avg_logprob=-1.6)) == ("", "no_speech")
+    speech = dict(context="", no_speech_prob=0.28, avg_logprob=-1.37, cfg=cfg)  # tiny.en, 1 s of speech
+    assert check_continuation("when are you", **speech) == ("when are you", "")
+    sure = dict(context="", no_speech_prob=0.55, avg_logprob=-0.8, cfg=cfg)
+    assert check_continuation("And", **sure) == ("And", "")
+
+
 def test_a_partial_keeps_one_copy_of_a_loop_at_its_end():
     cfg = AsrConfig()
     ok = dict(context="", no_speech_prob=0.1, avg_logprob=-0.3, cfg=cfg)

@@ -179,3 +179,15 @@ def test_multilingual_base_detects_german(base, audio_dir, manifest):
     assert wer(manifest[name]["reference_transcript"], final.text) <= 0.5, final.text
     assert any(p.text for _, p in partials)
 
+
+def test_low_noise_gives_no_partial_words(asr, base):
+    """C01 for partials (they drive barge-in), VAD off: −60 dBFS noise decoded as short
+    buffers, as updates of a turn see them. base took 0.5–0.9 s of it for "请问", "大陆》",
+    "作词作曲" (no-speech probability 0.50–0.60, log-probability −1.5 to −3.1)."""
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal(4 * RATE) * 1e-3).astype(np.float32)
+    lengths = [round(0.3 + 0.1 * k, 1) for k in range(10)] + [2.0, 3.0, 4.0]
+    for engine, language in ((asr, "en"), (base, "zh"), (base, None)):
+        reqs = [DecodeRequest(x[: int(s * RATE)], language=language) for s in lengths]
+        texts = [r.text for r in engine.decode(reqs)]
+        assert texts == [""] * len(reqs), list(zip(lengths, texts))
