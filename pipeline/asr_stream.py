@@ -169,11 +169,13 @@ class StreamingTranscript:
             final=final,
         )
 
-    def peek_request(self) -> DecodeRequest:
-        """A final decode of the buffer as it stands, for a speculative final transcript:
-        like ``request(final=True)`` but nothing is marked in flight; answer it with
-        :meth:`preview` (changes nothing) or :meth:`commit_final`."""
-        return self._request(min(self._n, self._max_samples()), final=True)
+    def peek_request(self, *, drop_tail: int = 0) -> DecodeRequest:
+        """A final decode of the buffer without its last ``drop_tail`` samples (the
+        silence after the speech, as :meth:`drop_tail` would remove at the end of the
+        turn), for a speculative final transcript: like ``request(final=True)`` but
+        nothing is marked in flight; answer it with :meth:`preview` (changes nothing) or
+        :meth:`commit_final`."""
+        return self._request(min(max(0, self._n - drop_tail), self._max_samples()), final=True)
 
     def preview(self, result: DecodeResult, *, language: str | None = None) -> Partial:
         """The final transcript that ``result`` (the answer to :meth:`peek_request`)

@@ -110,9 +110,10 @@ class AsrTurn:
                 break
         return await self._decode(final=True)
 
-    async def peek_final(self) -> tuple[Partial, object, object]:
+    async def peek_final(self, *, drop_tail: int = 0) -> tuple[Partial, object, object]:
         """Speculative final transcript (the speech paused; the turn may be ending):
-        decode the whole buffer without committing. Partial updates stop until
+        decode the whole buffer but its last ``drop_tail`` samples (the silence after
+        the speech, as :meth:`end_input` will drop) without committing. Partial updates stop until
         :meth:`reopen`. Returns ``(partial, request, result)``; pass the last two to
         :meth:`commit_final` if the turn does end here.
 
@@ -127,8 +128,10 @@ class AsrTurn:
             self._task = None
         if not self.stream.fits_final():
             raise ValueError("buffer longer than one window")
-        req = self.stream.peek_request()
+        req = self.stream.peek_request(drop_tail=drop_tail)
         result = await self.engine.run(req)
+        logger.debug("asr peek: %.1f s buffer, prefix %r, %.0f ms, %r", len(req.audio) / 16000, req.prefix,
+                     result.decode_ms, result.text)
         self.last_decode_ms = result.decode_ms
         self.decode_ms += result.decode_ms
         return self.stream.preview(result), req, result

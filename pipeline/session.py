@@ -202,7 +202,7 @@ class Session:
                 await self.out.event("speech.started", audio_ms=int(ev.sample * 1000 / RATE))
                 await self._start_turn(ev.sample)
             elif isinstance(ev, SpeechPause):
-                self._speculate(t_end=time.perf_counter() - (self._pos - ev.end) / RATE)
+                self._speculate(ev.end, t_end=time.perf_counter() - (self._pos - ev.end) / RATE)
             elif isinstance(ev, SpeechResume):
                 self._drop_speculation()
             elif isinstance(ev, SpeechEnd):
@@ -320,19 +320,20 @@ class Session:
 
     # ---- speculative end of turn (see pipeline/speculation.py) ----------------------
 
-    def _speculate(self, *, t_end: float) -> None:
+    def _speculate(self, speech_end: int, *, t_end: float) -> None:
         """The speech paused: decode the final transcript and start the reply now,
         held back until the turn really ends. Only when nothing else is in progress."""
         turn = self._asr
         if turn is None or self._spec is not None or self._pending():
             return
         spec = Speculation(turn=turn, outbox=HeldOutbox(self.out), t_end=t_end)
-        spec.task = self._spawn(self._run_speculation(spec))
+        # decode what the final would: the speech and pad_ms after it, not the pause
+        spec.task = self._spawn(self._run_speculation(spec, max(0, self._pos - (speech_end + self._pad()))))
         self._spec = spec
 
-    async def _run_speculation(self, spec: Speculation) -> None:
+    async def _run_speculation(self, spec: Speculation, drop_tail: int) -> None:
         try:
-            spec.peek = await spec.turn.peek_final()
+            spec.peek = await spec.turn.peek_final(drop_tail=drop_tail)
         except asyncio.CancelledError:
             raise
         except Exception:  # noqa: BLE001 - busy, too long, failed: the turn's end decodes normally

@@ -30,6 +30,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--max-new-tokens", type=int, default=96)
     s.add_argument("--max-batch-size", type=int, default=8, help="LLM requests decoding together")
     s.add_argument("--max-wait-ms", type=float, default=20.0, help="how long a lone LLM request waits for company")
+    s.add_argument("--end-silence-ms", type=int, default=500, help="silence that ends a turn")
+    s.add_argument("--early-end-ms", type=int, default=200,
+                   help="silence after which the reply starts speculatively, held until the turn ends (0: off)")
     s.add_argument("--log-level", default="INFO")
 
     a = sub.add_parser("ask", help="send an audio file, print and save the spoken reply")
@@ -104,10 +107,11 @@ def main(argv: list[str] | None = None) -> int:
 def _serve(args) -> int:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from pipeline.config import AsrConfig, LlmConfig, ServerConfig, TtsConfig, VoxpipeConfig
+    from pipeline.config import AsrConfig, LlmConfig, ServerConfig, TtsConfig, TurnConfig, VoxpipeConfig
     from pipeline.scheduler import SchedulerConfig
 
     cfg = VoxpipeConfig(
+        turn=TurnConfig(end_silence_ms=args.end_silence_ms, early_end_ms=args.early_end_ms),
         asr=AsrConfig(model=args.asr_model, max_batch_size=args.asr_batch_size),
         llm=LlmConfig(model=args.llm, device=args.device, threads=args.llm_threads,
                       max_new_tokens=args.max_new_tokens),
