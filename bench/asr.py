@@ -14,7 +14,9 @@ one request per model call, then in arrival-order groups of ``max_batch_size`` (
 worker batches them) — and requests per second are compared. For reference, every
 eighth request is also decoded the stock way, one faster-whisper ``transcribe()`` call
 each (30 s window, the committed text as ``initial_prompt``), as a server that runs one
-Whisper call per session update would.
+Whisper call per session update would. The share of the one-at-a-time time spent in the
+encoder is printed too: the encoder runs per request on CPU (batched encodes were slower
+per item), so one-at-a-time time / encoder time bounds what batching can gain there.
 
 Run: ``voxpipe bench asr`` or ``python -m bench.asr`` (``--help`` for options).
 """
@@ -61,6 +63,7 @@ class Throughput:
     alone_req_s: float
     batched_req_s: float
     mean_group: float
+    encoder_share: float
     ratio: float = field(init=False)
     ratio_stock: float = field(init=False)
 
@@ -157,6 +160,15 @@ def throughput(engine, requests: list, batch: int, repeats: int = 3) -> Throughp
     times each; the best time of each counts (other processes on the machine only slow runs)."""
     groups: list[int] = []
     orig = engine.decoder._run_group
+    orig_encode = engine.decoder._encode
+    enc_s = [0.0]
+
+    def timed_encode(group):
+        t = time.perf_counter()
+        try:
+            return orig_encode(group)
+        finally:
+            enc_s[0] += time.perf_counter() - t
 
     def run(size: int) -> float:
         t = time.perf_counter()
@@ -169,16 +181,19 @@ def throughput(engine, requests: list, batch: int, repeats: int = 3) -> Throughp
         return orig(group)
 
     run(batch)  # warm up
-    alone, together = [], []
+    alone, together = [], []  # alone: (seconds, of which in the encoder)
     for _ in range(repeats):
-        alone.append(run(1))
+        enc_s[0] = 0.0
+        engine.decoder._encode = timed_encode
+        alone.append((run(1), enc_s[0]))
+        engine.decoder._encode = orig_encode
         engine.decoder._run_group = spy
         together.append(run(batch))
         engine.decoder._run_group = orig
     audio_s = sum(len(r.audio) for r in requests) / RATE
     return Throughput(len(requests), round(audio_s, 1), round(stock(engine, requests[::8]), 2),
-                      round(len(requests) / min(alone), 2), round(len(requests) / min(together), 2),
-                      round(statistics.mean(groups), 2))
+                      round(len(requests) / min(alone)[0], 2), round(len(requests) / min(together), 2),
+                      round(statistics.mean(groups), 2), round(min(alone)[1] / min(alone)[0], 2))
 
 
 def stock(engine, requests: list) -> float:
@@ -205,9 +220,9 @@ def format_table(rows: list[Row], tp: Throughput | None, head: str) -> str:
     if tp is not None:
         lines += ["", "| decode requests (8-session run) | audio s | stock transcribe() req/s "
                   "| one at a time req/s | batched req/s | mean group | batched / one at a time "
-                  "| batched / stock |", "|---|---|---|---|---|---|---|---|",
+                  "| batched / stock | encoder share of one at a time |", "|---|---|---|---|---|---|---|---|---|",
                   f"| {tp.requests} | {tp.audio_s} | {tp.stock_req_s} | {tp.alone_req_s} | {tp.batched_req_s} "
-                  f"| {tp.mean_group} | {tp.ratio:.2f}x | {tp.ratio_stock:.2f}x |"]
+                  f"| {tp.mean_group} | {tp.ratio:.2f}x | {tp.ratio_stock:.2f}x | {tp.encoder_share:.0%} |"]
     return "\n".join(lines)
 
 
