@@ -236,7 +236,8 @@ class BatchDecoder:
             runaway = len(new_ids) >= _budget(it)
             text = self.tokenizer(it.language).decode(new_ids[: _budget(it)])  # the same alone or batched
             if runaway:  # a loop on silence ("I am a man who is a man who is …") keeps nothing
-                text = _before_loop(text) if res.no_speech_prob <= STOCK_NO_SPEECH else ""
+                sure = res.no_speech_prob <= STOCK_NO_SPEECH and avg_lp >= self.cfg.log_prob_threshold
+                text = _before_loop(text, sure=sure) if res.no_speech_prob <= STOCK_NO_SPEECH else ""
             kept, why = check_continuation(text, context=_join(it.req.prompt, it.req.prefix),
                                            no_speech_prob=res.no_speech_prob, avg_logprob=avg_lp,
                                            cfg=self.cfg, partial=not it.req.final)
@@ -273,14 +274,24 @@ def _budget(it: _Item) -> int:
     return int(TOKENS_PER_S * len(it.req.audio) / RATE) + 8
 
 
-def _before_loop(text: str) -> str:
+def _before_loop(text: str, *, sure: bool = False) -> str:
     """The words of a runaway continuation before the loop it ran into, and one copy of
     the loop ("of about 1455, 4555, 4555, …" → "of about 1455, 4555,"); "" when no loop
-    shows or nothing came before it (a loop from the start is noise). The last word
-    may be cut short by the token budget: it is left out."""
+    shows. A loop from the start is noise ("小小小…") unless the decoder is ``sure``
+    (confident log-probability) and the loop is a phrase of at least
+    :data:`MIN_SPOKEN_LOOP` words: Whisper repeats the last sentence of a buffer that
+    ends right after it ("Captain Freer says that the scenery is delightful. Captain
+    Freer says …"), and that sentence was said once. The last word may be cut short by
+    the token budget: it is left out."""
     words = split_words(text)[:-1]
     loop = trailing_loop([w.key for w in words])
-    return join_words(words[: sum(loop)]) if loop is not None and loop[0] > 0 else ""
+    if loop is None or (loop[0] == 0 and not (sure and loop[1] >= MIN_SPOKEN_LOOP)):
+        return ""
+    return join_words(words[: sum(loop)])
+
+
+MIN_SPOKEN_LOOP = 3
+"""Words in a loop from the start of a continuation that can be a repeated sentence."""
 
 
 def _join(prefix: str, text: str) -> str:

@@ -116,6 +116,11 @@ def test_a_partial_keeps_one_copy_of_a_loop_at_its_end():
 def test_a_runaway_keeps_the_words_before_its_loop():
     assert _before_loop(" of about 1455, 4555, 4555, 4555, 4555, 45") == "of about 1455, 4555,"
     assert _before_loop(" 小小小小小小小") == ""  # a loop from the start: noise
+    assert _before_loop(" 小小小小小小小", sure=True) == ""  # even when the decoder is sure
+    # Whisper repeating the sentence a buffer ends with: said once, kept once (when sure)
+    rep = " Captain Freer says that the scenery is delightful." * 5 + " Captain"
+    assert _before_loop(rep, sure=True) == "Captain Freer says that the scenery is delightful."
+    assert _before_loop(rep) == ""
     assert _before_loop(" and it went on and on without any loop at al") == ""
 
 

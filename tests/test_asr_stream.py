@@ -191,3 +191,24 @@ def test_low_noise_gives_no_partial_words(asr, base):
         reqs = [DecodeRequest(x[: int(s * RATE)], language=language) for s in lengths]
         texts = [r.text for r in engine.decode(reqs)]
         assert texts == [""] * len(reqs), list(zip(lengths, texts))
+
+
+def test_a_buffer_ending_right_after_speech_keeps_its_last_sentence(asr, audio_dir):
+    """Whisper loops on the sentence a buffer ends with ("... delightful. Captain Freer
+    says ..." until the token budget); the runaway guard once dropped the whole
+    continuation, so the final of "go forward ten meters" + a short pause + a second
+    sentence lost the second sentence (found by a newcomer's pause attack)."""
+    def speech(name):
+        x = clip(audio_dir, name)
+        loud = np.flatnonzero(np.abs(x) > 0.02)
+        return x[max(0, loud[0] - 640) : loud[-1] + 640]
+
+    x = np.concatenate([np.zeros(4800, np.float32), speech("en_cmu_goforward.wav"), np.zeros(2400, np.float32),
+                        speech("en_librispeech_3752-4944-0000.wav")])
+    for prefix in ("", "Go forward 10 meters."):
+        for final in (False, True):
+            res = asr.process_batch([DecodeRequest(audio=x, prefix=prefix, prompt="", language="en",
+                                                   word_times=False, final=final)])[0]
+            text = normalize(res.text)
+            assert "scenery is delightful" in text, (prefix, final, res.text, res.dropped)
+            assert text.count("scenery") == 1, res.text
