@@ -237,7 +237,8 @@ class BatchDecoder:
             text = self.tokenizer(it.language).decode(new_ids[: _budget(it)])  # the same alone or batched
             if runaway:  # a loop on silence ("I am a man who is a man who is …") keeps nothing
                 sure = res.no_speech_prob <= STOCK_NO_SPEECH and avg_lp >= self.cfg.log_prob_threshold
-                text = _before_loop(text, sure=sure) if res.no_speech_prob <= STOCK_NO_SPEECH else ""
+                context = _join(it.req.prompt, it.req.prefix)
+                text = _before_loop(text, sure=sure, context=context) if res.no_speech_prob <= STOCK_NO_SPEECH else ""
             kept, why = check_continuation(text, context=_join(it.req.prompt, it.req.prefix),
                                            no_speech_prob=res.no_speech_prob, avg_logprob=avg_lp,
                                            cfg=self.cfg, partial=not it.req.final)
@@ -274,20 +275,22 @@ def _budget(it: _Item) -> int:
     return int(TOKENS_PER_S * len(it.req.audio) / RATE) + 8
 
 
-def _before_loop(text: str, *, sure: bool = False) -> str:
+def _before_loop(text: str, *, sure: bool = False, context: str = "") -> str:
     """The words of a runaway continuation before the loop it ran into, and one copy of
     the loop ("of about 1455, 4555, 4555, …" → "of about 1455, 4555,"); "" when no loop
-    shows. A loop from the start is noise ("小小小…") unless the decoder is ``sure``
-    (confident log-probability) and the loop is a phrase of at least
-    :data:`MIN_SPOKEN_LOOP` words: Whisper repeats the last sentence of a buffer that
-    ends right after it ("Captain Freer says that the scenery is delightful. Captain
-    Freer says …"), and that sentence was said once. The last word may be cut short by
-    the token budget: it is left out."""
+    shows. The loop may have begun in ``context`` (the committed words before the
+    continuation): the copy kept then ends where its first copy ends. A loop from the
+    start is noise ("小小小…") unless the decoder is ``sure`` (confident log-probability)
+    and the loop is a phrase of at least :data:`MIN_SPOKEN_LOOP` words: Whisper repeats
+    the last sentence of a buffer that ends right after it ("Captain Freer says that the
+    scenery is delightful. Captain Freer says …"), and that sentence was said once. The
+    last word may be cut short by the token budget: it is left out."""
+    ctx = split_words(context)[-24:]
     words = split_words(text)[:-1]
-    loop = trailing_loop([w.key for w in words])
-    if loop is None or (loop[0] == 0 and not (sure and loop[1] >= MIN_SPOKEN_LOOP)):
+    loop = trailing_loop([w.key for w in ctx] + [w.key for w in words])
+    if loop is None or (loop[0] <= len(ctx) and not (sure and loop[1] >= MIN_SPOKEN_LOOP)):
         return ""
-    return join_words(words[: sum(loop)])
+    return join_words(words[: max(0, sum(loop) - len(ctx))])
 
 
 MIN_SPOKEN_LOOP = 3

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 import zlib
 
-from .asr_agreement import join_words, split_words
+from .asr_agreement import Word, join_words, split_words
 from .config import AsrConfig
 
 _WORD = re.compile(r"\w", re.UNICODE)
@@ -96,6 +96,25 @@ def trailing_loop(keys: list[str], *, copies: int = 2, max_ngram: int = 8) -> tu
     return best
 
 
+_SENTENCE_ENDS = (".", "?", "!", "。", "？", "！")
+
+
+def restarted_tail(words: list[Word], *, min_n: int = 3, max_n: int = 8) -> int:
+    """Words at the end of ``words`` that start the sentence just before them over:
+    ``… U. U[:k]`` with U a sentence of ``min_n``..``max_n`` words and 1 ≤ k < len(U)
+    → k (the largest such), else 0. Whisper does this at the end of a buffer that stops
+    right after a sentence ("… scenery is delightful. Captain Freer"); a partial must
+    not offer those words for commitment."""
+    keys = [w.key for w in words]
+    L = len(keys)
+    for k in range(min(max_n - 1, L - min_n), 0, -1):
+        for n in range(max(min_n, k + 1), min(max_n, L - k) + 1):
+            unit = keys[L - k - n : L - k]
+            if unit[:k] == keys[L - k :] and words[L - k - 1].text.rstrip("\"')»”").endswith(_SENTENCE_ENDS):
+                return k
+    return 0
+
+
 def _echo_length(before: list[str], cont: list[str]) -> int:
     """Length of the longest head of ``cont`` that re-reads the end of ``before`` (Whisper
     starting over once the audio is used up): 3 words equal, or at least 4 words of
@@ -150,6 +169,10 @@ def check_continuation(text: str, *, context: str, no_speech_prob: float, avg_lo
         if loop is not None:  # the loop's first copy stays (it may be committed already)
             for j in idx[max(0, sum(loop) - len(before)) :]:
                 mask[j] = False
+        idx = [j for j, m in enumerate(mask) if m]
+        k = restarted_tail(split_words(context)[-24:] + [words[j] for j in idx])
+        for j in idx[len(idx) - min(k, len(idx)) :]:
+            mask[j] = False
     if all(mask):
         return text, ""
     return join_words([w for w, k in zip(words, mask) if k]), "repetition"

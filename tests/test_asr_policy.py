@@ -7,7 +7,7 @@ import numpy as np
 
 from pipeline.asr_agreement import LocalAgreement, join_words, split_words
 from pipeline.asr_decode import DecodeResult, TimedWord, _before_loop
-from pipeline.asr_guards import check_continuation, cut_repetition, trailing_loop
+from pipeline.asr_guards import check_continuation, cut_repetition, restarted_tail, trailing_loop
 from pipeline.asr_stream import CATCHUP_WINDOW_S, StreamingTranscript
 from pipeline.config import AsrConfig
 
@@ -121,6 +121,10 @@ def test_a_runaway_keeps_the_words_before_its_loop():
     rep = " Captain Freer says that the scenery is delightful." * 5 + " Captain"
     assert _before_loop(rep, sure=True) == "Captain Freer says that the scenery is delightful."
     assert _before_loop(rep) == ""
+    # the loop began in the committed prefix: keep the words up to the end of its first copy
+    cont = " says that the scenery is delightful Captain Freer" * 4 + " says"
+    assert _before_loop(cont, sure=True, context="go forward 10 meters Captain Freer") == \
+        "says that the scenery is delightful"
     assert _before_loop(" and it went on and on without any loop at al") == ""
 
 
@@ -229,3 +233,17 @@ def test_unagreed_speech_in_a_burst_is_force_committed_and_kept():
     script.answer(st, final=True)
     keys = [w.key.split("v")[0] for w in st.agreement.committed]
     assert keys == [f"w{i}" for i in range(90)]
+
+
+def test_a_partial_does_not_offer_a_restarted_sentence():
+    """Whisper starts the last sentence over where a buffer stops right after it."""
+    cfg = AsrConfig()
+    text = "Captain Freer says that the scenery is delightful. Captain Freer"
+    kept, why = check_continuation(text, context="Go forward 10 meters.", no_speech_prob=0.05,
+                                   avg_logprob=-0.3, cfg=cfg, partial=True)
+    assert kept == "Captain Freer says that the scenery is delightful." and why == "repetition"
+    # a final keeps what it heard; ordinary text is untouched
+    assert check_continuation(text, context="", no_speech_prob=0.05, avg_logprob=-0.3, cfg=cfg)[0] == text
+    assert restarted_tail(split_words("the cat and the")) == 0  # no sentence end before the tail
+    assert restarted_tail(split_words("Go forward ten meters. Go forward")) == 2
+    assert restarted_tail(split_words("Go forward ten meters. Stop")) == 0
