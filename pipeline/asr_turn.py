@@ -103,9 +103,11 @@ class AsrTurn:
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
         while not self.stream.fits_final():  # the buffer is behind: catch up first
-            reached = self.stream.decoded_s
+            reached, cut = self.stream.decoded_s, self.stream.trimmed_s
             await self._decode(final=False)
-            if self.stream.decoded_s <= reached:  # cannot happen: every request reaches further
+            # progress: the request reached further, or the buffer was cut (a full
+            # 27 s window then moves on by the cut, though it reaches no further yet)
+            if self.stream.decoded_s <= reached and self.stream.trimmed_s <= cut:
                 logger.warning("asr: no progress catching up (%.1f s buffered)", self.stream.buffer_s)
                 break
         return await self._decode(final=True)
