@@ -92,12 +92,15 @@ class PcmDecoder:
     ``flush()`` returns the resampler's tail and drops a trailing partial frame.
     Raises :class:`AudioFormatError` when the bytes cannot be in the declared format:
     f32 samples outside [-4, 4] or non-finite, or PCM16 that reads as clean float32.
+    The mismatch is latched: every later ``feed`` raises it again without decoding
+    (the stream is in the wrong format; a new decoder is needed).
     """
 
     def __init__(self, fmt: PcmFormat) -> None:
         self.fmt = fmt
         self._carry = b""
         self._checked = False
+        self.error: AudioFormatError | None = None  # the latched format mismatch
         self._resampler = (
             None
             if fmt.sample_rate == TARGET_RATE
@@ -106,6 +109,15 @@ class PcmDecoder:
 
     def feed(self, data: bytes) -> np.ndarray:
         """Decode ``data`` (any length); returns float32 samples at 16 kHz, shape (n,)."""
+        if self.error is not None:
+            raise self.error
+        try:
+            return self._feed(data)
+        except AudioFormatError as exc:
+            self.error = exc
+            raise
+
+    def _feed(self, data: bytes) -> np.ndarray:
         buf = self._carry + bytes(data)
         usable = len(buf) - len(buf) % self.fmt.frame_bytes
         self._carry = buf[usable:]

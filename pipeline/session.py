@@ -103,6 +103,10 @@ class Session:
         self._endpointer = Endpointer(self.cfg.turn)
         self._chunks, self._buf_start, self._pos = [], 0, 0
         self._drop_speculation(reopen=False)
+        if self._asr is not None:  # speech in progress: its turn ends here, unanswered
+            await self.out.event("speech.stopped", audio_ms=int(self._pos * 1000 / RATE), reason="restart")
+            self.turn_state.speech_stopped(turn_submitted=False)
+            await self.out.event("turn.empty", reason="restart")
         for turn in (self._asr, self._last_asr):
             if turn is not None:
                 turn.close()
@@ -121,10 +125,12 @@ class Session:
         if not self.started:
             await self.error("no_session", "send session.start before audio")
             return
+        if self._decoder.error is not None:
+            return  # reported once; the stream is dropped until a new session.start
         try:
             samples = self._decoder.feed(data)
         except AudioFormatError as exc:
-            await self.error("bad_audio", str(exc))
+            await self.error("bad_audio", f"{exc}; audio is ignored until a new session.start")
             return
         await self._consume(samples)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 import pytest
 
@@ -156,6 +158,12 @@ async def test_f32_sent_as_pcm16_is_rejected(server, audio_dir):
         await c.send_audio(x.astype("<f4").tobytes())
         err = await c.wait_for("error", 10)
         assert err["code"] == "bad_audio" and "f32" in err["message"]
+        await asyncio.sleep(1.5)  # the rest of the stream is dropped, not decoded as PCM16 noise
+        kinds = [e["type"] for e in c.conv.events]
+        assert kinds.count("error") == 1 and "speech.started" not in kinds, kinds
+        await c.start(sample_rate=16000, format="f32")  # declared right: it works
+        done = await c.turn(x.astype("<f4").tobytes())
+        assert "forward" in normalize(c.conv.of("transcript.final")[-1]["text"]), done
 
 
 async def test_pcm16_sent_as_f32_is_rejected(server, audio_dir):
@@ -165,6 +173,8 @@ async def test_pcm16_sent_as_f32_is_rejected(server, audio_dir):
         await c.send_audio(pcm16(x))
         err = await c.wait_for("error", 10)
         assert err["code"] == "bad_audio"
+        await asyncio.sleep(1.0)
+        assert len(c.conv.of("error")) == 1  # reported once, not once per frame
 
 
 async def test_text_input_turn(server):

@@ -76,3 +76,19 @@ async def test_held_reply_events_follow_the_final_transcript_in_order(server, au
         i = order.index("transcript.final")
         assert order[i + 1] == "response.started", order
         assert all(t != "response.text.delta" for t in order[:i]), order
+
+
+async def test_session_start_mid_utterance_ends_that_turn_explicitly(server, audio_dir):
+    """A new session.start while the user speaks: the turn is closed with
+    speech.stopped(restart) + turn.empty(restart), never left dangling; later speech works."""
+    a = speech_only(clip16k(audio_dir, A))
+    async with Client(server["url"]) as c:
+        await c.start(sample_rate=16000)
+        await stream_real_time(c, a[: len(a) // 2 + 8000])
+        await c.wait_for("speech.started", 10)
+        await c.start(sample_rate=16000)
+        stopped = await c.wait_for(lambda e: e["type"] == "speech.stopped", 10)
+        assert stopped["reason"] == "restart"
+        assert (await c.wait_for("turn.empty", 10))["reason"] == "restart"
+        done = await c.turn(pcm16(np.concatenate([a, np.zeros(8000, np.float32)])))
+        assert done["type"] == "response.done"
