@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -36,35 +37,44 @@ def manifest(audio_dir) -> dict[str, dict]:
         return {row["file"]: row for row in csv.DictReader(fh, delimiter="\t")}
 
 
+@contextmanager
+def running_server(log: Path, *args: str, ready_s: float = 600):
+    """Run ``voxpipe serve --llm smollm2 ARGS`` on a free port until the block ends;
+    yields ``(port, proc)`` once ``/healthz`` answers (the test fails with the log's tail
+    if it exits or is not ready within ``ready_s``)."""
+    port = free_port()
+    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "server.cli", "serve", "--llm", "smollm2", "--port", str(port), *args],
+            cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT,
+        )
+        try:
+            deadline = time.time() + ready_s
+            while True:
+                if proc.poll() is not None:
+                    pytest.fail(f"server exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
+                        if r.status == 200:
+                            break
+                except OSError:
+                    pass
+                if time.time() > deadline:
+                    pytest.fail(f"server not ready in time:\n{log.read_text()[-4000:]}")
+                time.sleep(0.5)
+            yield port, proc
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
 @pytest.fixture(scope="session")
 def server(tmp_path_factory):
-    """Start ``voxpipe serve --llm smollm2`` on a free port; yields its ws:// URL."""
-    port = free_port()
+    """``voxpipe serve --llm smollm2`` on a free port: its URLs, process and log."""
     log = tmp_path_factory.mktemp("server") / "serve.log"
-    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
-    fh = open(log, "w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "server.cli", "serve", "--llm", "smollm2", "--port", str(port)],
-        cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT,
-    )
-    deadline = time.time() + 600
-    while True:
-        if proc.poll() is not None:
-            pytest.fail(f"server exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            pass
-        if time.time() > deadline:
-            proc.kill()
-            pytest.fail(f"server not ready in time:\n{log.read_text()[-4000:]}")
-        time.sleep(0.5)
-    yield {"url": f"ws://127.0.0.1:{port}/ws", "http": f"http://127.0.0.1:{port}", "proc": proc, "log": log}
-    proc.terminate()
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    fh.close()
+    with running_server(log) as (port, proc):
+        yield {"url": f"ws://127.0.0.1:{port}/ws", "http": f"http://127.0.0.1:{port}", "proc": proc, "log": log}

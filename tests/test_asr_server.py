@@ -4,18 +4,14 @@ partial transcripts, VAD on and off, languages."""
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
 import time
-import urllib.request
 
 import numpy as np
 import pytest
 
 from audio.pcm import resample
 from audio.wav import read_mono
-from tests.conftest import ROOT, free_port
+from tests.conftest import running_server
 from tests.test_asr_stream import dropped_phrases
 from tests.wsclient import Client, wer
 
@@ -64,30 +60,8 @@ async def quiet(c: Client, for_s: float, timeout: float) -> None:
 @pytest.fixture(scope="module")
 def base_server(tmp_path_factory):
     """``voxpipe serve --asr-model base`` (multilingual Whisper base) on a free port."""
-    port = free_port()
-    log = tmp_path_factory.mktemp("base") / "serve.log"
-    fh = open(log, "w")
-    proc = subprocess.Popen([sys.executable, "-m", "server.cli", "serve", "--llm", "smollm2", "--asr-model", "base",
-                             "--port", str(port)], cwd=ROOT, env=dict(os.environ, OMP_WAIT_POLICY="PASSIVE"),
-                            stdout=fh, stderr=subprocess.STDOUT)
-    deadline = time.time() + 300
-    while True:
-        if proc.poll() is not None:
-            pytest.fail(f"server exited:\n{log.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            pass
-        if time.time() > deadline:
-            proc.kill()
-            pytest.fail(f"server not ready:\n{log.read_text()[-3000:]}")
-        time.sleep(0.5)
-    yield f"ws://127.0.0.1:{port}/ws"
-    proc.terminate()
-    proc.wait(timeout=20)
-    fh.close()
+    with running_server(tmp_path_factory.mktemp("base") / "serve.log", "--asr-model", "base", ready_s=300) as (port, _):
+        yield f"ws://127.0.0.1:{port}/ws"
 
 
 @pytest.mark.parametrize("language", ["en", "zh"])
