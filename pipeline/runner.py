@@ -16,6 +16,8 @@ joining request prefills only its own tokens. After each forward a row's KV is c
 (real columns to the right, in order: RoPE is already applied, so a column may move), and
 columns that are padding for every row are trimmed.
 
+The row KV tensors and the flat cache of a mixed step live in :mod:`pipeline.kv_rows`.
+
 A step with both decoding rows and prompt chunks runs as ONE forward (:meth:`ModelRunner._mixed`,
 vLLM-style mixed batch): every new token in one flat sequence, a block mask keeping rows
 apart. On this CPU a forward costs about one pass over the weights whatever the batch, so
@@ -29,6 +31,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .kv_rows import FlatCache, RowsKV
 from .scheduler import SchedRequest, StepPlan
 
 
@@ -73,9 +76,9 @@ class ModelRunner:
         self.last: torch.Tensor | None = None  # (B,) long: last sampled token
         self.params: dict[int, SamplingParams] = {}
         self.prefix_cache_size = prefix_cache_size
-        self.prefixes: OrderedDict[tuple[int, ...], _KV] = OrderedDict()
+        self.prefixes: OrderedDict[tuple[int, ...], RowsKV] = OrderedDict()
         self.prefix_hits = 0
-        self._partial: dict[int, _KV] = {}  # rid -> KV of a prompt prefilled so far
+        self._partial: dict[int, RowsKV] = {}  # rid -> KV of a prompt prefilled so far
         self.mixed = mixed
 
     @property
@@ -147,7 +150,7 @@ class ModelRunner:
             ends.append(end)
         return pasts, starts, ends, fresh
 
-    def _finish_chunks(self, reqs, ends, fresh, kv: "_KV", logits: torch.Tensor) -> dict[int, int]:
+    def _finish_chunks(self, reqs, ends, fresh, kv: "RowsKV", logits: torch.Tensor) -> dict[int, int]:
         """Keep unfinished prompts aside, remember new prefixes, sample and merge the rows
         whose prompt is done. ``kv`` holds every chunk's row (compacted); ``logits`` their
         last position."""
@@ -191,7 +194,7 @@ class ModelRunner:
                           [torch.full((p.columns,), b + j, device=dev) for j, p in enumerate(pasts)] + [seg_q])
         order_k = torch.cat([torch.full((len(seg_k) - q,), -1, device=dev), torch.arange(q, device=dev)])
         mask = (seg_q[:, None] == seg_k[None, :]) & (order_k[None, :] <= torch.arange(q, device=dev)[:, None])
-        cache = _FlatCache([layer.keys for layer in self.cache.layers],
+        cache = FlatCache([layer.keys for layer in self.cache.layers],
                            [layer.values for layer in self.cache.layers], pasts)
         last = torch.tensor([b - 1 + sum(lens[: j + 1]) for j in range(len(reqs))], device=dev)
         keep = torch.cat([torch.arange(b, device=dev), last])
@@ -205,13 +208,13 @@ class ModelRunner:
         self.attn = torch.cat([self.attn, torch.ones(b, 1, dtype=self.attn.dtype, device=dev)], dim=1)
         self.pos = self.pos + 1
         offs = [b + sum(lens[:j]) for j in range(len(reqs))]
-        rows = [_KV([torch.cat([p.keys[i], k[:, :, o : o + n]], dim=2) if p.keys else k[:, :, o : o + n]
+        rows = [RowsKV([torch.cat([p.keys[i], k[:, :, o : o + n]], dim=2) if p.keys else k[:, :, o : o + n]
                      for i, k in enumerate(cache.new_keys)],
                     [torch.cat([p.values[i], v[:, :, o : o + n]], dim=2) if p.values else v[:, :, o : o + n]
                      for i, v in enumerate(cache.new_values)],
                     torch.ones((1, p.columns + n), dtype=torch.long, device=dev))
                 for p, o, n in zip(pasts, offs, lens)]
-        out.update(self._finish_chunks(reqs, ends, fresh, _KV.cat(rows), logits[b:]))
+        out.update(self._finish_chunks(reqs, ends, fresh, RowsKV.cat(rows), logits[b:]))
         return out
 
     def _prefill(self, reqs: list[SchedRequest], spans: dict[int, tuple[int, int]]) -> dict[int, int]:
@@ -220,7 +223,7 @@ class ModelRunner:
         from transformers import DynamicCache
 
         pasts, starts, ends, fresh = self._chunks(reqs, spans)
-        past = _KV.cat(pasts)
+        past = RowsKV.cat(pasts)
         n, tp = len(reqs), past.columns
         c = max(e - s for s, e in zip(starts, ends))
         ids = torch.full((n, c), self.pad_id, dtype=torch.long)
@@ -236,12 +239,12 @@ class ModelRunner:
                              config=self.model.config)
         res = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, cache=cache, use_cache=True,
                          logits_to_keep=1)
-        kv = _KV([layer.keys for layer in cache.layers], [layer.values for layer in cache.layers], attn)
+        kv = RowsKV([layer.keys for layer in cache.layers], [layer.values for layer in cache.layers], attn)
         return self._finish_chunks(reqs, ends, fresh, kv.zero_padding().compact(), res.logits[:, -1])
 
     # ---- prefix cache ------------------------------------------------------------------
 
-    def _cached_prefix(self, req: SchedRequest, end: int) -> tuple[_KV, int]:
+    def _cached_prefix(self, req: SchedRequest, end: int) -> tuple[RowsKV, int]:
         """(past KV, first token to compute) for a request's first chunk."""
         n = req.prefix_len
         if n >= self.MIN_PREFIX and n < end and self.prefix_cache_size:
@@ -250,9 +253,9 @@ class ModelRunner:
                 self.prefixes.move_to_end(tuple(req.prompt_ids[:n]))
                 self.prefix_hits += 1
                 return hit, n
-        return _KV.empty(), 0
+        return RowsKV.empty(), 0
 
-    def _remember_prefix(self, req: SchedRequest, row: _KV) -> None:
+    def _remember_prefix(self, req: SchedRequest, row: RowsKV) -> None:
         n = req.prefix_len
         key = tuple(req.prompt_ids[:n])
         if n < self.MIN_PREFIX or not self.prefix_cache_size or row.columns < n or key in self.prefixes:
@@ -264,13 +267,13 @@ class ModelRunner:
 
     # ---- batch bookkeeping -------------------------------------------------------------
 
-    def _merge(self, rows: list[_Row], new: _KV, pos: torch.Tensor) -> None:
+    def _merge(self, rows: list[_Row], new: RowsKV, pos: torch.Tensor) -> None:
         from transformers import DynamicCache
 
         if self.rows:
-            old = _KV([layer.keys for layer in self.cache.layers], [layer.values for layer in self.cache.layers],
+            old = RowsKV([layer.keys for layer in self.cache.layers], [layer.values for layer in self.cache.layers],
                       self.attn)
-            new = _KV.cat([old, new])
+            new = RowsKV.cat([old, new])
             pos = torch.cat([self.pos, pos])
         self.cache = DynamicCache(ddp_cache_data=list(zip(new.keys, new.values)), config=self.model.config)
         self.rows, self.attn, self.pos = self.rows + rows, new.attn, pos
@@ -305,99 +308,6 @@ class ModelRunner:
         return toks
 
 
-class _FlatCache:
-    """Cache for :meth:`ModelRunner._mixed`: each layer's keys are the batch rows' KV laid
-    side by side (B*T columns), the chunks' pasts, then the step's new tokens, which are
-    also kept (``new_keys``/``new_values``) to be put back into the rows afterwards."""
-
-    is_compileable = False
-
-    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor], pasts: list["_KV"]) -> None:
-        self.keys, self.values, self.pasts = keys, values, pasts
-        self.new_keys: list[torch.Tensor] = []
-        self.new_values: list[torch.Tensor] = []
-
-    def update(self, k: torch.Tensor, v: torch.Tensor, layer_idx: int, *args, **kwargs):
-        self.new_keys.append(k)
-        self.new_values.append(v)
-        return self._flat(self.keys[layer_idx], [p.keys[layer_idx] for p in self.pasts if p.keys], k), \
-            self._flat(self.values[layer_idx], [p.values[layer_idx] for p in self.pasts if p.values], v)
-
-    @staticmethod
-    def _flat(batch: torch.Tensor, pasts: list[torch.Tensor], new: torch.Tensor) -> torch.Tensor:
-        b, h, t, d = batch.shape
-        return torch.cat([batch.transpose(0, 1).reshape(1, h, b * t, d), *pasts, new], dim=2)
-
-
-@dataclass(slots=True)
-class _KV:
-    """Per-layer keys/values (n, kv_heads, T, head_dim) of some rows and their mask (n, T)."""
-
-    keys: list[torch.Tensor]
-    values: list[torch.Tensor]
-    attn: torch.Tensor
-
-    @staticmethod
-    def empty() -> "_KV":
-        return _KV([], [], torch.zeros((1, 0), dtype=torch.long))
-
-    @property
-    def columns(self) -> int:
-        return int(self.attn.shape[1])
-
-    @staticmethod
-    def cat(parts: list["_KV"]) -> "_KV":
-        """Stack rows, left-padding each part to the longest (empty parts: all padding)."""
-        t = max(p.columns for p in parts)
-        attn = torch.cat([_left_pad_2d(p.attn, t) for p in parts])
-        ref = next((p for p in parts if p.keys), None)
-        if ref is None:
-            return _KV([], [], attn)
-
-        def col(p: _KV, i: int, vals: bool) -> torch.Tensor:
-            x = (p.values if vals else p.keys)[i] if p.keys else (ref.values if vals else ref.keys)[i][:1, :, :0]
-            return _left_pad(x, t)
-
-        n = len(ref.keys)
-        return _KV([torch.cat([col(p, i, False) for p in parts]) for i in range(n)],
-                   [torch.cat([col(p, i, True) for p in parts]) for i in range(n)], attn)
-
-    def select(self, rows: list[int]) -> "_KV":
-        if len(rows) == self.attn.shape[0]:
-            return self
-        idx = torch.tensor(rows, device=self.attn.device)
-        return _KV([k[idx] for k in self.keys], [v[idx] for v in self.values], self.attn[idx])
-
-    def slice_columns(self, a: int, b: int) -> "_KV":
-        return _KV([k[:, :, a:b].contiguous() for k in self.keys], [v[:, :, a:b].contiguous() for v in self.values],
-                   self.attn[:, a:b].contiguous())
-
-    def trim(self) -> "_KV":
-        """Drop leading columns that are padding in every row."""
-        real = torch.nonzero(self.attn.any(dim=0))
-        first = int(real[0]) if len(real) else self.columns
-        return self if first == 0 else self.slice_columns(first, self.columns)
-
-    def compact(self) -> "_KV":
-        """Move each row's real columns to the right end, keeping their order."""
-        if bool((self.attn[:, 1:] >= self.attn[:, :-1]).all()):
-            return self  # already left-padded
-        order = torch.sort(self.attn, dim=1, stable=True).indices
-        idx = order[:, None, :, None]
-        gather = lambda x: torch.gather(x, 2, idx.expand(-1, x.shape[1], -1, x.shape[3]))  # noqa: E731
-        return _KV([gather(k) for k in self.keys], [gather(v) for v in self.values],
-                   torch.gather(self.attn, 1, order))
-
-    def zero_padding(self) -> "_KV":
-        """Zero K/V at padded positions: fully masked query rows can leave NaN there, and
-        0 × NaN would leak into real rows' attention later."""
-        if bool(self.attn.all()):
-            return self
-        pad = (self.attn == 0)[:, None, :, None]
-        return _KV([k.masked_fill(pad, 0.0) for k in self.keys], [v.masked_fill(pad, 0.0) for v in self.values],
-                   self.attn)
-
-
 def _sample_row(logits: torch.Tensor, p: SamplingParams, gen: torch.Generator) -> int:
     probs = torch.softmax(logits / p.temperature, dim=-1)
     if p.top_p < 1.0:
@@ -405,17 +315,3 @@ def _sample_row(logits: torch.Tensor, p: SamplingParams, gen: torch.Generator) -
         sorted_p = sorted_p * ((torch.cumsum(sorted_p, 0) - sorted_p) < p.top_p)
         return int(idx[torch.multinomial(sorted_p / sorted_p.sum(), 1, generator=gen)])
     return int(torch.multinomial(probs, 1, generator=gen))
-
-
-def _left_pad(x: torch.Tensor, t: int) -> torch.Tensor:
-    """Pad (B, H, T0, D) with zeros on the left of dim 2 up to T."""
-    if x.shape[2] == t:
-        return x
-    pad = torch.zeros((x.shape[0], x.shape[1], t - x.shape[2], x.shape[3]), dtype=x.dtype, device=x.device)
-    return torch.cat([pad, x], dim=2)
-
-
-def _left_pad_2d(x: torch.Tensor, t: int) -> torch.Tensor:
-    if x.shape[1] == t:
-        return x
-    return torch.cat([torch.zeros((x.shape[0], t - x.shape[1]), dtype=x.dtype, device=x.device), x], dim=1)
