@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -25,7 +24,7 @@ from .config import VoxpipeConfig
 from .endpointing import AllSpeech, Endpointer, SpeechEnd, SpeechPause, SpeechResume, SpeechStart
 from .engines import Engines
 from .history import ChatHistory
-from .responder import Responder
+from .replies import CANCEL_WAIT_S, Replies
 from .speculation import HeldOutbox, Speculation
 from .turn_state import TurnState
 from .worker import Busy
@@ -33,8 +32,6 @@ from .worker import Busy
 logger = logging.getLogger(__name__)
 
 RATE = 16000
-CANCEL_WAIT_S = 2.0
-"""Longest wait for a cancelled reply to wind down before the session moves on (s)."""
 
 
 class Outbox(Protocol):
@@ -43,16 +40,6 @@ class Outbox(Protocol):
     async def event(self, kind: str, **fields) -> None: ...
 
     async def audio(self, response_id: int, pcm16: bytes) -> None: ...
-
-
-@dataclass(slots=True)
-class _Response:
-    responder: Responder
-    task: asyncio.Task | None = None
-
-    @property
-    def rid(self) -> int:
-        return self.responder.rid
 
 
 class Session:
@@ -78,14 +65,14 @@ class Session:
         self._chunks: list[np.ndarray] = []
         self._buf_start = 0  # 16 kHz sample index of the first buffered sample
         self._pos = 0  # 16 kHz samples received
-        self._next_rid = 0
-        self._response: _Response | None = None
         self._turn_task: asyncio.Task | None = None  # final ASR of the latest turn, then its reply
         self._last_turn: tuple[int, int] | None = None  # (start, end) samples of the latest turn
         self._asr: AsrTurn | None = None  # streaming ASR of the speech in progress
         self._last_asr: AsrTurn | None = None  # ... of the latest turn (speech may continue it)
         self._tasks: set[asyncio.Task] = set()
         self.turn_state = TurnState()
+        self.replies = Replies(engines=engines, cfg=cfg, out=out, history=self.history,
+                               turn_state=self.turn_state, spawn=self._spawn, session_id=session_id)
         self._turn_closed = False  # the client ended the latest turn with input.end
         self._speech_start = 0  # sample where the speech in progress started
         self._spec: Speculation | None = None  # speculative end of the turn in progress
@@ -97,7 +84,7 @@ class Session:
         """Handle ``session.start``: (re)declare formats and reset the audio state.
         With ``vad`` False every sample is speech: turns end at ``input.end``."""
         self.fmt = PcmFormat(sample_rate, format, channels)
-        await self._cancel_current("restart")  # its audio is in the old output format
+        await self.replies.cancel("restart")  # its audio is in the old output format
         self._decoder = PcmDecoder(self.fmt)
         self._vad = self.engines.vad.stream() if vad else AllSpeech()
         self._endpointer = Endpointer(self.cfg.turn)
@@ -111,7 +98,7 @@ class Session:
             if turn is not None:
                 turn.close()
         self._last_turn = self._asr = self._last_asr = None
-        self.output_rate = output_sample_rate
+        self.output_rate = self.replies.output_rate = output_sample_rate
         self.language = await self._asr_language(language)
         if system_prompt:
             self.history.system_prompt = system_prompt
@@ -150,22 +137,20 @@ class Session:
     def _pending(self) -> bool:
         """True while a turn is being transcribed or answered."""
         busy = self._turn_task is not None and not self._turn_task.done()
-        return busy or (self._response is not None and not self._response.task.done())
+        return busy or self.replies.busy()
 
     async def text_input(self, text: str) -> None:
         """Handle ``text.input``: a typed user turn."""
         self._drop_speculation()
-        await self._begin_response(text, t_end=time.perf_counter(), asr_ms=0.0)
+        await self.replies.begin(text, t_end=time.perf_counter(), asr_ms=0.0)
 
     async def cancel_response(self) -> None:
         """Handle ``response.cancel``: stop the current reply, if any."""
-        await self._cancel_current("client")
+        await self.replies.cancel("client")
 
     async def close(self) -> None:
         """Tear down: stop the reply (its LLM request is aborted) and every task."""
-        resp, self._response = self._response, None
-        if resp is not None:
-            resp.task.cancel()
+        self.replies.stop()
         for task in list(self._tasks):
             task.cancel()
         if self._tasks:  # never let a stuck task keep a closed session alive
@@ -244,7 +229,7 @@ class Session:
                 and (start - last[0]) / RATE < self.cfg.turn.max_turn_s * 0.8):
             if self._turn_task is not None:
                 self._turn_task.cancel()
-            await self._cancel_current("continued")
+            await self.replies.cancel("continued")
             turn.reopen()
         else:
             self._last_turn = (start, start)
@@ -264,9 +249,9 @@ class Session:
         give no words (or too short a burst) and leave the reply alone."""
         ts = self.turn_state
         long_enough = (self._pos - self._speech_start) * 1000 / RATE >= self.cfg.turn.barge_in_min_ms
-        if ts.interrupting and long_enough and self._response is not None:
+        if ts.interrupting and long_enough and self.replies.current is not None:
             ts.barge_in()
-            await self._cancel_current("barge_in")
+            await self.replies.cancel("barge_in")
 
     def _slice(self, start: int, end: int) -> np.ndarray:
         buf = np.concatenate(self._chunks) if self._chunks else np.zeros(0, np.float32)
@@ -308,7 +293,7 @@ class Session:
             await self.error("asr_failed", f"transcription failed: {exc}")
             return
         if await self._final_transcript(turn, result):
-            await self._begin_response(result.text, t_end=t_end, asr_ms=turn.last_decode_ms)
+            await self.replies.begin(result.text, t_end=t_end, asr_ms=turn.last_decode_ms)
 
     async def _final_transcript(self, turn: AsrTurn, result: Partial) -> bool:
         """Report the turn's final transcript; False (and ``turn.empty``) if it has no words."""
@@ -347,8 +332,8 @@ class Session:
             return
         text = spec.peek[0].text
         if text:
-            spec.resp = self._new_response(out=spec.outbox, release=spec.outbox.released)
-            spec.resp.task = self._spawn(self._reply(spec.resp, text, spec.t_end, spec.turn.last_decode_ms))
+            spec.resp = self.replies.new(out=spec.outbox, release=spec.outbox.released)
+            self.replies.run(spec.resp, text, t_end=spec.t_end, asr_ms=spec.turn.last_decode_ms)
 
     def _drop_speculation(self, *, reopen: bool = True) -> None:
         """The user went on speaking (or the session changed): discard the speculation."""
@@ -377,67 +362,11 @@ class Session:
                 return
             if spec.resp is None:
                 return
-            await self._cancel_current()
-            self._response, promoted = spec.resp, True
-            self.turn_state.reply_started()
+            await self.replies.promote(spec.resp)
+            promoted = True
             await spec.outbox.release()
-            if spec.resp.task.done() and self._response is spec.resp:
-                self._response = None
-                self.turn_state.reply_ended()
+            if spec.resp.task.done():  # it ended (failed) before it became current
+                self.replies.settle(spec.resp)
         finally:
             if not promoted and spec.resp is not None:
                 spec.resp.task.cancel()
-
-    # ---- replies -------------------------------------------------------------------
-
-    async def _cancel_current(self, reason: str = "new_turn") -> None:
-        """Cancel the reply in progress; ``reason``: ``client`` (response.cancel),
-        ``barge_in``, ``continued`` (the user went on with the same turn), ``new_turn`` or
-        ``restart`` (a new ``session.start``)."""
-        resp, self._response = self._response, None
-        if resp is None or resp.task.done():
-            return
-        resp.task.cancel()
-        # Wait for the reply to wind down, but never let a stuck reply stall the session.
-        done, _ = await asyncio.wait({resp.task}, timeout=CANCEL_WAIT_S)
-        if not done:
-            logger.warning("session %s: reply %d did not stop within %.1f s", self.id, resp.rid, CANCEL_WAIT_S)
-            for frame in resp.task.get_stack():
-                logger.warning("  at %s:%d %s", frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
-        self.turn_state.reply_ended()
-        spoken = " ".join(resp.responder.spoken).strip()
-        await self.out.event("response.cancelled", response_id=resp.rid, spoken_text=spoken, reason=reason)
-
-    def _new_response(self, *, out=None, release: asyncio.Event | None = None) -> _Response:
-        self._next_rid += 1
-        out = out or self.out
-
-        async def error(code: str, message: str) -> None:
-            metrics.ERRORS.labels(code).inc()
-            await out.event("error", code=code, message=message, fatal=False)
-
-        return _Response(Responder(rid=self._next_rid, engines=self.engines, cfg=self.cfg, out=out,
-                                   history=self.history, output_rate=self.output_rate, error=error,
-                                   on_audio_start=self.turn_state.audio_started, release=release))
-
-    async def _begin_response(self, user_text: str, *, t_end: float, asr_ms: float) -> None:
-        await self._cancel_current()
-        resp = self._new_response()
-        self.turn_state.reply_started()
-        resp.task = self._spawn(self._reply(resp, user_text, t_end, asr_ms))
-        self._response = resp
-
-    async def _reply(self, resp: _Response, user_text: str, t_end: float, asr_ms: float) -> None:
-        try:
-            await resp.responder.run(user_text, t_end=t_end, asr_ms=asr_ms)
-        except Busy as exc:
-            await resp.responder.error("busy", str(exc))
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - this reply fails, the session goes on
-            logger.exception("session %s: reply failed", self.id)
-            await resp.responder.error("reply_failed", f"reply failed: {exc}")
-        finally:
-            if self._response is resp:
-                self._response = None
-                self.turn_state.reply_ended()
