@@ -90,6 +90,7 @@
         ctx = new AudioContext({ latencyHint: "interactive", sampleRate: 48000 });
       }
       vp.sampleRate = ctx.sampleRate;
+      player = new window.ReplyPlayer(ctx, PLAYBACK_LEAD_S);
       workletLoaded = ctx.audioWorklet.addModule("capture-worklet.js");
     }
     return ctx.resume();
@@ -243,11 +244,9 @@
     refreshButtons();
   }
 
-  // ---- reply audio -----------------------------------------------------------------
+  // ---- reply audio (played by player.js) --------------------------------------------
 
-  let playhead = 0; // context time where the next chunk starts
-  const cancelled = new Set(); // response ids whose audio is dropped
-  const playing = new Map(); // response id -> Set of scheduled AudioBufferSourceNodes
+  let player = null; // ReplyPlayer, made with the AudioContext
 
   function onAudio(buf) {
     vp.audioFramesReceived++;
@@ -258,47 +257,14 @@
     r.frames++;
     r.samples += n;
     vp.audioSamplesReceived += n;
-    if (cancelled.has(rid) || r.cancelled) {
-      vp.audioFramesDropped++;
-      return;
-    }
-    const pcm = new Int16Array(buf, 4, n);
     const rate = (vp.declared && vp.declared.output_sample_rate) || ctx.sampleRate;
-    const audio = ctx.createBuffer(1, n, rate);
-    const out = audio.getChannelData(0);
-    for (let i = 0; i < n; i++) out[i] = pcm[i] / 32768;
-
-    const src = ctx.createBufferSource();
-    src.buffer = audio;
-    src.connect(ctx.destination);
-    const now = ctx.currentTime;
-    if (r.frames > 1 && playhead < now) vp.underruns++; // the reply's audio ran dry
-    const at = Math.max(playhead, now + PLAYBACK_LEAD_S);
-    src.start(at);
-    playhead = at + audio.duration;
-    if (!playing.has(rid)) playing.set(rid, new Set());
-    const set = playing.get(rid);
-    set.add(src);
-    src.onended = () => {
-      set.delete(src);
-      if (set.size === 0 && playing.get(rid) === set) playing.delete(rid);
-    };
+    const played = r.cancelled ? false : player.play(rid, new Int16Array(buf, 4, n), rate, r.frames === 1);
+    if (!played) vp.audioFramesDropped++;
+    else if (played.underrun) vp.underruns++;
   }
 
   function stopReplyAudio(rid) {
-    cancelled.add(rid);
-    const set = playing.get(rid);
-    if (set) {
-      for (const src of set) {
-        try {
-          src.stop();
-        } catch (_) {
-          /* not started yet or already stopped */
-        }
-      }
-      playing.delete(rid);
-    }
-    if (ctx && playing.size === 0) playhead = ctx.currentTime;
+    if (player) player.stop(rid);
   }
 
   // ---- microphone ------------------------------------------------------------------
@@ -383,7 +349,7 @@
 
   $("cancel").onclick = () => {
     // Silence everything now; the server confirms with response.cancelled.
-    for (const rid of [...playing.keys()]) stopReplyAudio(rid);
+    if (player) player.stopAll();
     if (activeRid !== null) {
       cancelRequested.add(activeRid);
       stopReplyAudio(activeRid);
