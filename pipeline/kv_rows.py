@@ -2,8 +2,8 @@
 
 :class:`RowsKV` holds per-layer keys/values of shape (rows, kv_heads, T, head_dim) with a
 (rows, T) attention mask, left-padded; rows are concatenated, selected, compacted and
-trimmed as requests join and leave. :class:`FlatCache` is the transformers cache used
-for one mixed decode + prefill forward (all new tokens in one flat sequence).
+trimmed as prompts are prefilled chunk by chunk, kept in the prefix cache, and handed to
+the decoding batch (:mod:`pipeline.batch_kv`).
 """
 
 from __future__ import annotations
@@ -11,30 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-
-
-class FlatCache:
-    """Cache for :meth:`ModelRunner._mixed`: each layer's keys are the batch rows' KV laid
-    side by side (B*T columns), the chunks' pasts, then the step's new tokens, which are
-    also kept (``new_keys``/``new_values``) to be put back into the rows afterwards."""
-
-    is_compileable = False
-
-    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor], pasts: list["RowsKV"]) -> None:
-        self.keys, self.values, self.pasts = keys, values, pasts
-        self.new_keys: list[torch.Tensor] = []
-        self.new_values: list[torch.Tensor] = []
-
-    def update(self, k: torch.Tensor, v: torch.Tensor, layer_idx: int, *args, **kwargs):
-        self.new_keys.append(k)
-        self.new_values.append(v)
-        return self._flat(self.keys[layer_idx], [p.keys[layer_idx] for p in self.pasts if p.keys], k), \
-            self._flat(self.values[layer_idx], [p.values[layer_idx] for p in self.pasts if p.values], v)
-
-    @staticmethod
-    def _flat(batch: torch.Tensor, pasts: list[torch.Tensor], new: torch.Tensor) -> torch.Tensor:
-        b, h, t, d = batch.shape
-        return torch.cat([batch.transpose(0, 1).reshape(1, h, b * t, d), *pasts, new], dim=2)
 
 
 @dataclass(slots=True)
@@ -62,13 +38,19 @@ class RowsKV:
         if ref is None:
             return RowsKV([], [], attn)
 
-        def col(p: RowsKV, i: int, vals: bool) -> torch.Tensor:
-            x = (p.values if vals else p.keys)[i] if p.keys else (ref.values if vals else ref.keys)[i][:1, :, :0]
-            return left_pad(x, t)
+        def stack(i: int, vals: bool) -> torch.Tensor:
+            like = (ref.values if vals else ref.keys)[i]
+            buf = like.new_zeros((attn.shape[0], like.shape[1], t, like.shape[3]))
+            r = 0
+            for p in parts:
+                if p.keys:
+                    x = (p.values if vals else p.keys)[i]
+                    buf[r : r + x.shape[0], :, t - x.shape[2] : t] = x
+                r += p.attn.shape[0]
+            return buf
 
         n = len(ref.keys)
-        return RowsKV([torch.cat([col(p, i, False) for p in parts]) for i in range(n)],
-                   [torch.cat([col(p, i, True) for p in parts]) for i in range(n)], attn)
+        return RowsKV([stack(i, False) for i in range(n)], [stack(i, True) for i in range(n)], attn)
 
     def select(self, rows: list[int]) -> "RowsKV":
         if len(rows) == self.attn.shape[0]:
@@ -104,14 +86,6 @@ class RowsKV:
         pad = (self.attn == 0)[:, None, :, None]
         return RowsKV([k.masked_fill(pad, 0.0) for k in self.keys], [v.masked_fill(pad, 0.0) for v in self.values],
                    self.attn)
-
-
-def left_pad(x: torch.Tensor, t: int) -> torch.Tensor:
-    """Pad (B, H, T0, D) with zeros on the left of dim 2 up to T."""
-    if x.shape[2] == t:
-        return x
-    pad = torch.zeros((x.shape[0], x.shape[1], t - x.shape[2], x.shape[3]), dtype=x.dtype, device=x.device)
-    return torch.cat([pad, x], dim=2)
 
 
 def left_pad_2d(x: torch.Tensor, t: int) -> torch.Tensor:

@@ -108,12 +108,15 @@ the linear layers (``torch.ao.quantization.quantize_dynamic``, fp32 activations)
 
 
 def pick_device(device: str = "auto") -> tuple[Any, Any]:
-    """(device, dtype): CUDA bf16 when available, else CPU bf16; ``cpu-fp32`` and
-    ``cpu-int8`` load fp32 weights (int8 is applied after loading)."""
+    """(device, dtype): CUDA bf16 when available, else CPU bf16 when the CPU runs bf16
+    natively (oneDNN AVX-512 BF16 / AMX), else CPU fp32; ``cpu`` is always bf16;
+    ``cpu-fp32`` and ``cpu-int8`` load fp32 weights (int8 is applied after loading)."""
     import torch
 
     if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+        from .cpu_linear import packing_supported
+
+        device = "cuda" if torch.cuda.is_available() else "cpu" if packing_supported() else "cpu-fp32"
     if device in ("cpu-fp32", "cpu-int8"):
         return torch.device("cpu"), torch.float32
     return torch.device(device), torch.bfloat16
@@ -139,5 +142,9 @@ def load_llm(name: str, *, device: str = "auto", threads: int | None = None) -> 
     if device == "cpu-int8":
         model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
         dtype = torch.qint8
+    elif dev.type == "cpu" and dtype == torch.bfloat16:
+        from .cpu_linear import pack_linears
+
+        logger.info("pre-packed %d bf16 linear layers for oneDNN", pack_linears(model))
     short = name if name in LLM_CHOICES else folder.name
     return LoadedLLM(model=model, tokenizer=tok, name=short, device=dev, dtype=dtype)

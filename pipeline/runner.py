@@ -1,10 +1,10 @@
 """Model runner: executes scheduler plans over one left-padded, batched KV cache.
 
-The batch is a transformers ``DynamicCache`` whose per-layer key/value tensors have shape
-(batch, kv_heads, T, head_dim), plus an attention mask (batch, T) that is 0 on padding,
-each row's next position id, and each row's last sampled token. Each row keeps its own
-position ids, so a request's tokens are the same as when it runs alone (tested
-token-for-token with a tiny fp32 model).
+The decoding batch is a :class:`~pipeline.batch_kv.BatchKV`: per-layer key/value buffers
+in slots (one request per slot, left-padded to a common T, written in place), an attention
+mask (slots, T) that is 0 on padding, and per slot the next position id and the last
+sampled token. Each row keeps its own position ids, so a request's tokens are the same as
+when it runs alone (tested token-for-token with a tiny fp32 model).
 
 Prefill is chunked and batched: every prompt chunk planned for a step (several joining
 requests, each resuming where its previous chunk stopped) runs in one padded forward
@@ -12,16 +12,15 @@ over the rows' own past KV. A row whose prompt is not finished keeps its KV asid
 (``_partial``); a finished one samples its first token and is appended to the batch.
 A request's shared prefix (``SchedRequest.prefix_len``: the system prompt, the same for
 every chat request) is computed once and then copied from a small LRU prefix cache, so a
-joining request prefills only its own tokens. After each forward a row's KV is compacted
-(real columns to the right, in order: RoPE is already applied, so a column may move), and
-columns that are padding for every row are trimmed.
-
-The row KV tensors and the flat cache of a mixed step live in :mod:`pipeline.kv_rows`.
+joining request prefills only its own tokens. After a padded prefill a row's KV is
+compacted (real columns to the right, in order: RoPE is already applied, so a column may
+move) before it takes a slot; a leaving request frees its slot.
 
 A step with both decoding rows and prompt chunks runs as ONE forward (:meth:`ModelRunner._mixed`,
-vLLM-style mixed batch): every new token in one flat sequence, a block mask keeping rows
-apart. On this CPU a forward costs about one pass over the weights whatever the batch, so
-a separate prefill forward would cost every running request a whole extra step per join.
+vLLM-style mixed batch): every new token in one flat sequence for the linear layers,
+attention per segment (:mod:`pipeline.mixed_attention`). On this CPU a forward costs about
+one pass over the weights whatever the batch, so a separate prefill forward would cost
+every running request a whole extra step per join.
 """
 
 from __future__ import annotations
@@ -31,7 +30,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .kv_rows import FlatCache, RowsKV
+from .batch_kv import BatchKV
+from .kv_rows import RowsKV
+from .mixed_attention import MixedCache, use_mixed_attention
 from .scheduler import SchedRequest, StepPlan
 
 
@@ -69,30 +70,35 @@ class ModelRunner:
 
     def __init__(self, model, device, pad_id: int, *, prefix_cache_size: int = 8, mixed: bool = True) -> None:
         self.model, self.device, self.pad_id = model, device, pad_id
-        self.rows: list[_Row] = []
-        self.cache = None
-        self.attn: torch.Tensor | None = None  # (B, T) long
-        self.pos: torch.Tensor | None = None  # (B,) long: next position id
-        self.last: torch.Tensor | None = None  # (B,) long: last sampled token
+        self.slots: list[_Row | None] = []  # per batch slot: its request, None = free
+        self.batch: BatchKV | None = None
+        self.pos: torch.Tensor | None = None  # (slots,) long: next position id
+        self.last: torch.Tensor | None = None  # (slots,) long: last sampled token
         self.params: dict[int, SamplingParams] = {}
         self.prefix_cache_size = prefix_cache_size
         self.prefixes: OrderedDict[tuple[int, ...], RowsKV] = OrderedDict()
         self.prefix_hits = 0
         self._partial: dict[int, RowsKV] = {}  # rid -> KV of a prompt prefilled so far
-        self.mixed = mixed
+        self.mixed = mixed and use_mixed_attention(model)
 
     @property
     def batch_size(self) -> int:
-        return len(self.rows)
+        """Requests decoding in the batch (live slots)."""
+        return sum(r is not None for r in self.slots)
 
     @property
     def kv_columns(self) -> int:
         """Padded KV length T of the batch (tokens)."""
-        return 0 if self.attn is None else int(self.attn.shape[1])
+        return 0 if self.batch is None else self.batch.columns
+
+    @property
+    def cache(self):
+        """The batch's transformers cache (None when no request is decoding)."""
+        return None if self.batch is None else self.batch.cache
 
     def reset(self) -> None:
         """Drop every row and the KV cache (after a failed step)."""
-        self.rows, self.cache, self.attn, self.pos, self.last = [], None, None, None, None
+        self.reset_batch()
         self.params.clear()
         self._partial.clear()
 
@@ -110,30 +116,38 @@ class ModelRunner:
         with torch.inference_mode():
             if plan.evict:
                 self._evict(set(plan.evict))
-            if plan.decode:
-                ids = [r.rid for r in self.rows]
-                if ids != [r.rid for r in plan.decode]:
-                    raise RuntimeError(f"runner rows {ids} do not match the plan {[r.rid for r in plan.decode]}")
+            live = sorted(r.rid for r in self.slots if r is not None)
+            if live != sorted(r.rid for r in plan.decode):
+                raise RuntimeError(f"runner rows {live} do not match the plan {[r.rid for r in plan.decode]}")
             if plan.decode and plan.prefill and self.mixed:
                 out.update(self._mixed(plan.prefill, plan.spans))
             else:
                 if plan.decode:
-                    out.update(zip(ids, self._sample(self._decode(), self.rows)))
+                    out.update(self._sample_slots(self._decode()))
                 if plan.prefill:
                     out.update(self._prefill(plan.prefill, plan.spans))
-            if self.rows:
-                self.last = torch.tensor([out[r.rid] for r in self.rows], device=self.device)
+            if self.slots:
+                self.last = torch.tensor([self.pad_id if r is None else out[r.rid] for r in self.slots],
+                                         device=self.device)
         return out
 
     # ---- steps -----------------------------------------------------------------------
 
     def _decode(self) -> torch.Tensor:
-        b = len(self.rows)
-        attn = torch.cat([self.attn, torch.ones(b, 1, dtype=self.attn.dtype, device=self.device)], dim=1)
+        """One token for every slot; returns logits (slots, vocab)."""
+        attn = self.batch.open_column()
         res = self.model(input_ids=self.last[:, None], attention_mask=attn, position_ids=self.pos[:, None],
-                         cache=self.cache, use_cache=True, logits_to_keep=1)
-        self.attn, self.pos = attn, self.pos + 1
-        return res.logits[:, -1].float()
+                         cache=self.batch.cache, use_cache=True, logits_to_keep=1)
+        self.batch.close_column()
+        self.pos = self.pos + 1
+        return res.logits[:, -1]
+
+    def _sample_slots(self, logits: torch.Tensor) -> dict[int, int]:
+        """Sample the live slots' next tokens from their logits (slots, vocab)."""
+        live = [i for i, r in enumerate(self.slots) if r is not None]
+        rows = [self.slots[i] for i in live]
+        return dict(zip([r.rid for r in rows], self._sample(logits if len(live) == len(self.slots) else logits[live],
+                                                            rows)))
 
     def _chunks(self, reqs: list[SchedRequest], spans: dict[int, tuple[int, int]]):
         """Per planned chunk: its past KV (partial prompt or cached prefix), the first and
@@ -165,7 +179,7 @@ class ModelRunner:
         if not done:
             return {}
         rows = [_Row(reqs[i].rid, self.params.pop(reqs[i].rid, SamplingParams())) for i in done]
-        toks = self._sample(logits[done].float(), rows)
+        toks = self._sample(logits[done], rows)
         self._merge(rows, kv.select(done).trim(), torch.tensor([len(reqs[i].prompt_ids) for i in done],
                                                                device=self.device))
         return {row.rid: t for row, t in zip(rows, toks)}
@@ -175,39 +189,27 @@ class ModelRunner:
 
         On a CPU a decode step costs about one pass over the weights whatever the batch,
         so a separate prefill forward would cost the running rows a whole step. Here all
-        new tokens (one per running row, then each chunk) form one flat sequence of batch 1;
-        their keys are every row's past flattened side by side, and a (1, 1, Q, L) mask lets
-        each token see only its own row's past and the earlier tokens of its own chunk.
+        new tokens (one per running row, then each chunk) form one flat sequence of batch 1
+        for the linear layers; attention runs per segment (:mod:`pipeline.mixed_attention`):
+        each row over its own past, each chunk over its past and itself.
         """
         pasts, starts, ends, fresh = self._chunks(reqs, spans)
-        b, t = len(self.rows), self.kv_columns
+        b = len(self.slots)
         lens = [e - s for s, e in zip(starts, ends)]
         dev = self.device
         ids = torch.cat([self.last, torch.tensor([x for r, s, e in zip(reqs, starts, ends)
                                                   for x in r.prompt_ids[s:e]], device=dev)])
         pos = torch.cat([self.pos] + [torch.arange(s, e, device=dev) for s, e in zip(starts, ends)])
-        q = len(ids)
-        # key columns: batch past (B*T), each chunk's past, then the Q new tokens
-        seg_q = torch.cat([torch.arange(b, device=dev)] +
-                          [torch.full((n,), b + j, device=dev) for j, n in enumerate(lens)])
-        seg_k = torch.cat([torch.where(self.attn.bool(), torch.arange(b, device=dev)[:, None], -1).reshape(-1)] +
-                          [torch.full((p.columns,), b + j, device=dev) for j, p in enumerate(pasts)] + [seg_q])
-        order_k = torch.cat([torch.full((len(seg_k) - q,), -1, device=dev), torch.arange(q, device=dev)])
-        mask = (seg_q[:, None] == seg_k[None, :]) & (order_k[None, :] <= torch.arange(q, device=dev)[:, None])
-        cache = FlatCache([layer.keys for layer in self.cache.layers],
-                           [layer.values for layer in self.cache.layers], pasts)
+        cache = MixedCache(self.batch.cache, self.batch.open_column(), pasts, lens)
         last = torch.tensor([b - 1 + sum(lens[: j + 1]) for j in range(len(reqs))], device=dev)
         keep = torch.cat([torch.arange(b, device=dev), last])
-        res = self.model(input_ids=ids[None], attention_mask=mask[None, None], position_ids=pos[None],
-                         cache=cache, use_cache=True, logits_to_keep=keep)
-        logits = res.logits[0].float()
-        out = dict(zip([r.rid for r in self.rows], self._sample(logits[:b], self.rows)))
-        for layer, k, v in zip(self.cache.layers, cache.new_keys, cache.new_values):  # append the decoded column
-            layer.keys = torch.cat([layer.keys, k[0, :, :b].transpose(0, 1)[:, :, None]], dim=2)
-            layer.values = torch.cat([layer.values, v[0, :, :b].transpose(0, 1)[:, :, None]], dim=2)
-        self.attn = torch.cat([self.attn, torch.ones(b, 1, dtype=self.attn.dtype, device=dev)], dim=1)
+        res = self.model(input_ids=ids[None], attention_mask=_NO_MASK, position_ids=pos[None],
+                         cache=cache, use_cache=True, logits_to_keep=keep, voxpipe_mixed=cache)
+        self.batch.close_column()
         self.pos = self.pos + 1
-        offs = [b + sum(lens[:j]) for j in range(len(reqs))]
+        logits = res.logits[0]
+        out = self._sample_slots(logits[:b])
+        offs = [sum(lens[:j]) for j in range(len(reqs))]
         rows = [RowsKV([torch.cat([p.keys[i], k[:, :, o : o + n]], dim=2) if p.keys else k[:, :, o : o + n]
                      for i, k in enumerate(cache.new_keys)],
                     [torch.cat([p.values[i], v[:, :, o : o + n]], dim=2) if p.values else v[:, :, o : o + n]
@@ -268,44 +270,64 @@ class ModelRunner:
     # ---- batch bookkeeping -------------------------------------------------------------
 
     def _merge(self, rows: list[_Row], new: RowsKV, pos: torch.Tensor) -> None:
-        from transformers import DynamicCache
-
-        if self.rows:
-            old = RowsKV([layer.keys for layer in self.cache.layers], [layer.values for layer in self.cache.layers],
-                      self.attn)
-            new = RowsKV.cat([old, new])
-            pos = torch.cat([self.pos, pos])
-        self.cache = DynamicCache(ddp_cache_data=list(zip(new.keys, new.values)), config=self.model.config)
-        self.rows, self.attn, self.pos = self.rows + rows, new.attn, pos
+        """Put the rows of ``new`` (prompts just prefilled) into free or new slots."""
+        if self.batch is None:
+            self.batch, self.slots, self.pos = BatchKV(new, self.model.config), list(rows), pos
+            return
+        free = [i for i, r in enumerate(self.slots) if r is None]
+        taken = []
+        for row in rows:
+            i = free.pop(0) if free else len(self.slots)
+            if i == len(self.slots):
+                self.slots.append(None)
+            self.slots[i] = row
+            taken.append(i)
+        self.batch.put(taken, new)
+        grown = torch.zeros(len(self.slots), dtype=self.pos.dtype, device=self.device)
+        grown[: len(self.pos)] = self.pos
+        grown[taken] = pos
+        self.pos = grown
 
     def _evict(self, rids: set[int]) -> None:
         for rid in rids:
             self.params.pop(rid, None)
             self._partial.pop(rid, None)
-        keep = [i for i, r in enumerate(self.rows) if r.rid not in rids]
-        if len(keep) == len(self.rows):
+        gone = [i for i, r in enumerate(self.slots) if r is not None and r.rid in rids]
+        if not gone:
             return
-        if not keep:
-            self.rows, self.cache, self.attn, self.pos, self.last = [], None, None, None, None
+        for i in gone:
+            self.slots[i] = None
+        live = [i for i, r in enumerate(self.slots) if r is not None]
+        if not live:
+            self.reset_batch()
             return
-        idx = torch.tensor(keep, device=self.device)
-        self.rows = [self.rows[i] for i in keep]
-        self.attn, self.pos, self.last = self.attn[idx], self.pos[idx], self.last[idx]
-        first = int(torch.nonzero(self.attn.any(dim=0))[0])  # trim all-padding columns
-        self.attn = self.attn[:, first:]
-        for layer in self.cache.layers:
-            layer.keys = layer.keys[idx, :, first:]
-            layer.values = layer.values[idx, :, first:]
+        if 2 * len(live) <= len(self.slots):  # mostly free slots: stop decoding them
+            order = self.batch.compact(live)
+            self.slots = [self.slots[i] for i in order]
+            self.pos, self.last = self.pos[order], self.last[order]
+            live = list(range(len(order)))
+        self.batch.trim(live)
+
+    def reset_batch(self) -> None:
+        """Drop the decoding batch (every slot free)."""
+        self.slots, self.batch, self.pos, self.last = [], None, None, None
 
     def _sample(self, logits: torch.Tensor, rows: list[_Row]) -> list[int]:
+        """Next token per row from logits (rows, vocab) in the model's dtype: greedy argmax
+        (exact in bf16: widening to fp32 keeps the order), else sampled in fp32."""
         toks = torch.argmax(logits, dim=-1).tolist()
         for i, row in enumerate(rows):
             p = row.params
             if p.temperature > 0:
                 if row.gen is None:
                     row.gen = torch.Generator(device="cpu").manual_seed(p.seed)
-                toks[i] = _sample_row(logits[i].cpu(), p, row.gen)
+                toks[i] = _sample_row(logits[i].float().cpu(), p, row.gen)
         return toks
+
+
+_NO_MASK = torch.ones((1, 1, 1, 1), dtype=torch.bool)
+"""A mixed forward's attention masks are built per segment (:class:`MixedCache`); the model
+is handed this ready-made 4-D mask so that it builds none of its own."""
 
 
 def _sample_row(logits: torch.Tensor, p: SamplingParams, gen: torch.Generator) -> int:
