@@ -123,7 +123,8 @@ class LlmEngine:
         self._probes: dict[str | None, list[int]] = {}
         self._next_rid = 0
         self.steps = 0
-        self.batch_sizes: list[int] = []
+        self.batch_sizes: list[int] = []  # per step: requests in the step (benchmark, tests)
+        self.token_log: list[tuple[float, int]] = []  # per step: (perf_counter at its end, tokens sampled)
 
     @property
     def depth(self) -> int:
@@ -214,11 +215,14 @@ class LlmEngine:
                     self._fail_all(exc)
                     continue
                 self.steps += 1
-                size = len(plan.decode) + len(plan.prefill)
-                metrics.LLM_BATCH.observe(size)
-                if len(self.batch_sizes) < 100_000:
+                size = len(plan.decode) + len(plan.prefill)  # 0: the step only freed rows
+                if size:
+                    metrics.LLM_BATCH.observe(size)
+                sampled = self.scheduler.update(plan, outputs)
+                if size and len(self.batch_sizes) < 100_000:
                     self.batch_sizes.append(size)
-                for req, tok in self.scheduler.update(plan, outputs):
+                    self.token_log.append((time.perf_counter(), len(sampled)))
+                for req, tok in sampled:
                     self._emit(req, tok)
         finally:
             for rid in list(self._live):

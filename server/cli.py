@@ -50,7 +50,7 @@ def _parser() -> argparse.ArgumentParser:
     bl.add_argument("--llm", default="smollm2")
     bl.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     bl.add_argument("--requests", type=int, default=72,
-                    help="requests per mode and load (72: the steady state dominates the fill/drain tail)")
+                    help="requests per mode and load (72)")
     bl.add_argument("--concurrency", type=int, default=8)
     bl.add_argument("--rate", type=float, default=1.5, help="Poisson arrivals per second")
     bl.add_argument("--max-batch-size", type=int, default=8)
