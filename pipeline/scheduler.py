@@ -10,6 +10,8 @@ Prefill is chunked (vLLM's chunked prefill): each step prefills at most
 ``max_prefill_tokens`` prompt tokens over all joining requests, so a huge prompt is
 spread over several steps while the running requests keep decoding one token per step.
 A request whose prompt is only partly prefilled holds a batch slot but does not decode.
+The prefill budget goes to the shortest remaining prompts first (SRPT, which minimises
+mean time to first token), so a voice turn's short prompt is not stuck behind long ones.
 """
 
 from __future__ import annotations
@@ -149,23 +151,37 @@ class Scheduler:
         return bool(self.waiting or self.running or self.prefilling or self._leaving)
 
     def schedule(self, now: float | None = None) -> StepPlan:
-        """Plan the next step (see :class:`StepPlan`)."""
+        """Plan the next step (see :class:`StepPlan`).
+
+        Waiting requests take free batch slots in arrival order (within the KV budget);
+        then the step's prefill budget goes to the prompts with the fewest tokens left
+        first (shortest remaining prefill first, ties by arrival), so a short request
+        that arrives while long prompts are being prefilled is not queued behind them:
+        it gets its whole prompt in the next step, and the long prompts the rest.
+        """
         now = time.monotonic() if now is None else now
         c = self.cfg
         plan = StepPlan(decode=list(self.running), evict=self._leaving)
         self._leaving = []
+        if self.waiting and not (c.static and (self.running or self.prefilling)):
+            self._admit(plan, now)
         budget = c.max_prefill_tokens
-        for req in self.prefilling:  # unfinished prompts first, oldest first
+        for req in sorted(self.prefilling, key=lambda r: (len(r.prompt_ids) - r.num_computed, r.arrival)):
+            if budget <= 0:
+                break
             budget -= self._chunk(plan, req, budget)
-        if not self.waiting or (c.static and (self.running or self.prefilling)):
-            return plan
+        return plan
+
+    def _admit(self, plan: StepPlan, now: float) -> None:
+        """Move waiting requests into free slots (state RUNNING, in ``prefilling``)."""
+        c = self.cfg
         if not self.running and not self.prefilling and len(self.waiting) < c.max_batch_size:
             waited = now - self.waiting[0].arrival
             if waited * 1000 < c.max_wait_ms:  # hold a lone request briefly for company
                 plan.wait_s = c.max_wait_ms / 1000 - waited
-                return plan
+                return
         kv = sum(r.kv_tokens for r in self.running) + sum(r.kv_tokens for r in self.prefilling)
-        while self.waiting and budget > 0 and len(self.running) + len(self.prefilling) < c.max_batch_size:
+        while self.waiting and len(self.running) + len(self.prefilling) < c.max_batch_size:
             req = self.waiting[0]
             if (self.running or self.prefilling) and kv + req.kv_tokens > c.max_kv_tokens:
                 break  # it joins when memory frees up (a lone request always runs)
@@ -173,8 +189,6 @@ class Scheduler:
             req.state = State.RUNNING
             self.prefilling.append(req)
             kv += req.kv_tokens
-            budget -= self._chunk(plan, req, budget)
-        return plan
 
     @staticmethod
     def _chunk(plan: StepPlan, req: SchedRequest, budget: int) -> int:

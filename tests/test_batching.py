@@ -214,3 +214,17 @@ def test_chunked_prefill_and_shared_prefix_are_token_identical(tiny_model, mixed
     assert bool(mixed_steps) == mixed
     for rid, spec in enumerate(specs):
         assert together[rid] == run(tiny_model, [(0, spec[1], spec[2])])[0], f"request {rid} differs"
+
+
+def test_prefill_budget_goes_to_the_shortest_remaining_prompt_first():
+    s = Scheduler(SchedulerConfig(max_batch_size=4, max_wait_ms=0, max_prefill_tokens=10))
+    s.add(req(1, n_prompt=30, arrival=0))
+    s.add(req(2, n_prompt=30, arrival=0))
+    p = s.schedule(now=1)
+    assert p.spans == {1: (0, 10)}  # oldest first among equals; 2 holds a slot, no budget left
+    s.update(p, {})
+    s.add(req(3, n_prompt=4, arrival=1))
+    p = s.schedule(now=2)
+    assert p.spans == {3: (0, 4), 1: (10, 16)}  # the short newcomer first, the rest to the least left
+    s.update(p, {3: 9})
+    assert [r.rid for r in s.running] == [3] and s.requests[3].output_ids == [9]

@@ -157,3 +157,28 @@ async def test_long_prompt_prefills_in_chunks_while_another_request_streams(llm)
         assert short.stats.finish_reason in ("stop", "length")
     finally:
         eng.stop()
+
+
+async def test_short_prompt_is_not_queued_behind_long_prefills(llm):
+    """Two long prompts are being prefilled in chunks when a short one arrives: with the
+    prefill budget going to the shortest remaining prompt first, the short request's first
+    token comes before either long request's (FCFS would make it wait for both)."""
+    eng = LlmEngine(llm, LlmConfig(), SchedulerConfig(max_wait_ms=0, max_prefill_tokens=128))
+    eng.start()
+    try:
+        long_text = "The quick brown fox jumps over the lazy dog. " * 60  # ~600 tokens: 5+ chunks each
+        longs = [eng.submit(ask(long_text + f"Question {i}: how many dogs?", n=2)) for i in range(2)]
+        while eng.steps < 2:  # both long prompts are being prefilled
+            await asyncio.sleep(0.005)
+        short = eng.submit(ask("Say hi.", n=2))
+        first: dict[str, float] = {}
+
+        async def read(name: str, stream) -> None:
+            async for _ in stream:
+                first.setdefault(name, time.perf_counter())
+
+        await asyncio.gather(read("short", short), *(read(f"long{i}", s) for i, s in enumerate(longs)))
+        assert all(s.stats.prompt_tokens > 500 for s in longs)
+        assert first["short"] < min(first["long0"], first["long1"])
+    finally:
+        eng.stop()
