@@ -15,6 +15,8 @@ request in flight (for Poisson load: while requests still arrived). Tokens are c
 engine step (``LlmEngine.token_log``). No batching has no drain, so its two agree; the
 target "at concurrency 8" is read on the steady column. The no-batching Poisson rows are
 overloaded at 1.5 req/s (capacity is ~0.8 req/s), so their latency grows with the run length.
+Memory: peak RSS on CPU (VmHWM, reset per row), peak allocated GPU memory on CUDA, where a
+``GPU util %`` column (NVML, sampled every 100 ms) is added.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import asyncio
 import json
 import random
 import statistics
+import threading
 import time
 from dataclasses import asdict, dataclass
 
@@ -60,6 +63,7 @@ class Row:
     steady_tok_s: float
     mean_batch: float
     peak_mem_mb: float
+    gpu_util_pct: float | None = None
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -78,6 +82,39 @@ def _reset_peak_memory(device) -> None:
                 fh.write("5")  # Linux: reset the peak RSS (VmHWM)
         except OSError:
             pass
+
+
+class _GpuUtilization:
+    """Mean GPU utilization (%) over a run, sampled every 100 ms with
+    ``torch.cuda.utilization`` (NVML through pynvml); None off CUDA or without NVML."""
+
+    def __init__(self, device) -> None:
+        self.device, self.samples = device, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True) if device.type == "cuda" else None
+
+    def _run(self) -> None:
+        import torch
+
+        while not self._stop.wait(0.1):
+            try:
+                self.samples.append(float(torch.cuda.utilization(self.device)))
+            except Exception:  # noqa: BLE001 - no NVML: report nothing
+                return
+
+    def __enter__(self) -> "_GpuUtilization":
+        if self._thread is not None:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    @property
+    def mean(self) -> float | None:
+        return round(statistics.mean(self.samples), 1) if self.samples else None
 
 
 def _peak_memory_mb(device) -> float:
@@ -151,7 +188,8 @@ def run_mode(llm, mode: str, sched, load: str, n: int, concurrency: int, rate: f
         engine.bench_submits.clear()
         _reset_peak_memory(llm.device)
         work = _workload(n)
-        with tqdm(total=n, desc=f"{mode} / {load}", unit="req", leave=False) as bar:
+        with tqdm(total=n, desc=f"{mode} / {load}", unit="req", leave=False) as bar, \
+                _GpuUtilization(llm.device) as gpu:
             t0 = time.perf_counter()
             if load.startswith("closed"):
                 results = asyncio.run(_closed_loop(engine, work, concurrency, bar))
@@ -171,7 +209,7 @@ def run_mode(llm, mode: str, sched, load: str, n: int, concurrency: int, rate: f
                latency_p50_ms=round(_pct(lat, 50)), latency_p99_ms=round(_pct(lat, 99)),
                tok_s=round(toks / wall, 1), steady_tok_s=round(steady, 1),
                mean_batch=round(statistics.mean(engine.batch_sizes), 2) if engine.batch_sizes else 0.0,
-               peak_mem_mb=round(_peak_memory_mb(llm.device), 1))
+               peak_mem_mb=round(_peak_memory_mb(llm.device), 1), gpu_util_pct=gpu.mean)
 
 
 def main(args) -> int:
@@ -208,17 +246,18 @@ def main(args) -> int:
 
 
 def format_table(rows: list[Row], args) -> str:
+    gpu = any(r.gpu_util_pct is not None for r in rows)
     head = ["mode", "dtype", "load", "QPS", "TTFT p50", "TTFT p99", "lat p50", "lat p99", "tok/s",
-            "steady tok/s", "batch", "peak MB"]
+            "steady tok/s", "batch", "peak MB"] + (["GPU util %"] if gpu else [])
     lines = [f"LLM={args.llm} requests={args.requests} threads={args.threads} (ms unless noted)",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         lines.append("| " + " | ".join(str(v) for v in (
             r.mode, r.dtype, r.load, r.qps, r.ttft_p50_ms, r.ttft_p99_ms, r.latency_p50_ms, r.latency_p99_ms,
-            r.tok_s, r.steady_tok_s, r.mean_batch, r.peak_mem_mb)) + " |")
+            r.tok_s, r.steady_tok_s, r.mean_batch, r.peak_mem_mb) + ((r.gpu_util_pct,) if gpu else ())) + " |")
     base = {r.load: r for r in rows if r.mode == "no batching"}
     for r in rows:
-        if r.mode != "no batching":
+        if r.mode != "no batching" and r.load in base:
             b = base[r.load]
             lines.append(f"{r.mode} / {r.load}: {r.tok_s / b.tok_s:.2f}x tok/s (steady {r.steady_tok_s / b.steady_tok_s:.2f}x), "
                          f"p99 latency {r.latency_p99_ms / b.latency_p99_ms:.2f}x of no batching")

@@ -28,3 +28,17 @@ def test_closed_loop_rows_and_table(llm):
     table = format_table([none, dyn], SimpleNamespace(llm="smollm2", requests=6, threads=1))
     assert "| dynamic batching | bfloat16 | closed c=3 |" in table
     assert "dynamic batching / closed c=3:" in table and "x tok/s (steady" in table
+
+
+def test_gpu_utilization_column_only_when_measured(llm):
+    from dataclasses import replace
+
+    from bench.llm import Row
+
+    row = Row(mode="dynamic batching", dtype="bfloat16", load="closed c=8", requests=1, qps=1.0, ttft_p50_ms=1,
+              ttft_p99_ms=1, latency_p50_ms=1, latency_p99_ms=1, tok_s=1.0, steady_tok_s=1.0, mean_batch=1.0,
+              peak_mem_mb=1.0)
+    args = SimpleNamespace(llm="smollm2", requests=1, threads=1)
+    assert "GPU util" not in format_table([row], args)
+    table = format_table([replace(row, gpu_util_pct=87.5)], args)
+    assert "GPU util %" in table and "| 87.5 |" in table
