@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import queue
 import threading
 import time
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 
 from . import metrics
 from .config import LlmConfig
-from .detok import IncrementalDetokenizer
+from .detok import IncrementalDetokenizer, StopStrings
 from .runner import ModelRunner, SamplingParams
 from .scheduler import SchedRequest, Scheduler, SchedulerConfig, State
 from .worker import Busy
@@ -155,11 +156,13 @@ class LlmEngine:
         """Queue a request; returns its stream of text deltas.
 
         Raises:
-            Busy: the queue is full.
+            Busy: `queue_size` requests are already waiting for a batch slot.
         """
         stream = TokenStream(asyncio.get_running_loop())
         stream._wake = self._wake
         try:
+            if self.depth >= self._inbox.maxsize:  # the bound covers requests waiting for a slot too
+                raise queue.Full
             self._inbox.put_nowait((req, stream))
         except queue.Full:
             raise Busy(f"llm is busy: {self._inbox.maxsize} requests already queued") from None
@@ -239,24 +242,32 @@ class LlmEngine:
                 stream._put(None)
                 continue
             try:
+                check_sampling(req)
                 ids = self._prompt_ids(req.messages)
-            except Exception as exc:  # noqa: BLE001 - a bad prompt fails only itself
+                self._check_fits(len(ids), req.max_new_tokens)
+            except Exception as exc:  # noqa: BLE001 - a bad request fails only itself
                 stream.stats.finish_reason = "error"
                 stream._put(exc)
-                continue
-            limit = self.scheduler.cfg.max_kv_tokens
-            if len(ids) + req.max_new_tokens > limit:  # could never fit the KV budget
-                stream.stats.finish_reason = "error"
-                stream._put(ValueError(f"prompt of {len(ids)} tokens + max_new_tokens {req.max_new_tokens} "
-                                       f"exceeds the KV budget of {limit} tokens"))
                 continue
             self._next_rid += 1
             rid = self._next_rid
             stream.stats.prompt_tokens = len(ids)
-            self._live[rid] = _Live(req, stream, IncrementalDetokenizer(self.tokenizer))
+            self._live[rid] = _Live(req, stream, IncrementalDetokenizer(self.tokenizer), StopStrings(req.stop))
             self.runner.set_params(rid, SamplingParams(req.temperature, req.top_p, req.seed))
             self.scheduler.add(SchedRequest(rid=rid, prompt_ids=ids, max_new_tokens=req.max_new_tokens,
                                             eos_ids=self.eos_ids, prefix_len=self._prefix_len(req.messages, ids)))
+
+    def _check_fits(self, prompt: int, max_new: int) -> None:
+        """Raise ValueError if a request could never run: over the KV budget, or longer
+        than the model's context (``max_position_embeddings``)."""
+        budget = self.scheduler.cfg.max_kv_tokens
+        if prompt + max_new > budget:
+            raise ValueError(f"prompt of {prompt} tokens + max_new_tokens {max_new} exceeds the KV budget of "
+                             f"{budget} tokens")
+        context = getattr(self.llm.model.config, "max_position_embeddings", None)
+        if context and prompt + max_new > context:
+            raise ValueError(f"prompt of {prompt} tokens + max_new_tokens {max_new} exceeds the model's context "
+                             f"of {context} tokens")
 
     def _reap_aborts(self) -> None:
         for rid, live in list(self._live.items()):
@@ -278,10 +289,10 @@ class LlmEngine:
         if tok is not None:
             delta = live.detok.add(tok)
             if delta:
-                live.text, delta, stopped = apply_stop(live.text, delta, live.req.stop)
+                delta = live.stops.feed(delta)
                 if delta:
                     live.stream._put(delta)
-                if stopped:
+                if live.stops.stopped:
                     self.scheduler.finish(req.rid, "stop")
                     self._close(req.rid, "stop", flush=False)
                     return
@@ -294,7 +305,8 @@ class LlmEngine:
             return
         st = live.stream.stats
         if flush and reason != "abort":
-            tail = live.detok.flush()
+            tail = live.stops.feed(live.detok.flush())
+            tail += live.stops.flush()
             if tail:
                 live.stream._put(tail)
         st.finish_reason = reason
@@ -316,19 +328,16 @@ class _Live:
     req: GenRequest
     stream: TokenStream
     detok: IncrementalDetokenizer
-    text: str = ""
+    stops: StopStrings
     t_first: float | None = None
 
 
-def apply_stop(text: str, delta: str, stops: list[str]) -> tuple[str, str, bool]:
-    """Append ``delta`` to ``text`` and cut at the first stop string.
-
-    Returns (new text, delta to emit, stopped). A stop string split across deltas is
-    found because the search covers the end of the previous text.
-    """
-    new = text + delta
-    for s in stops:
-        pos = new.find(s, max(0, len(text) - len(s) + 1))
-        if s and pos != -1:
-            return new[:pos], new[len(text) : pos] if pos > len(text) else "", True
-    return new, delta, False
+def check_sampling(req: GenRequest) -> None:
+    """Raise ValueError for sampling settings that cannot run: ``max_new_tokens`` < 1,
+    a temperature that is not a finite number ≥ 0, ``top_p`` outside (0, 1]."""
+    if not isinstance(req.max_new_tokens, int) or req.max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an integer ≥ 1, got {req.max_new_tokens!r}")
+    if not (math.isfinite(req.temperature) and req.temperature >= 0):
+        raise ValueError(f"temperature must be a finite number ≥ 0, got {req.temperature!r}")
+    if not (0 < req.top_p <= 1):
+        raise ValueError(f"top_p must be in (0, 1], got {req.top_p!r}")

@@ -335,6 +335,8 @@ def _sample_row(logits: torch.Tensor, p: SamplingParams, gen: torch.Generator) -
     probs = torch.softmax(logits / p.temperature, dim=-1)
     if p.top_p < 1.0:
         sorted_p, idx = torch.sort(probs, descending=True)
-        sorted_p = sorted_p * ((torch.cumsum(sorted_p, 0) - sorted_p) < p.top_p)
+        keep = (torch.cumsum(sorted_p, 0) - sorted_p) < p.top_p
+        keep[0] = True  # the most likely token always stays (top_p → 0 is greedy, never 0/0)
+        sorted_p = sorted_p * keep
         return int(idx[torch.multinomial(sorted_p / sorted_p.sum(), 1, generator=gen)])
     return int(torch.multinomial(probs, 1, generator=gen))

@@ -13,6 +13,7 @@ from pipeline.history import ChatHistory
 from pipeline.llm import GenRequest, LlmEngine
 from pipeline.llm_loader import load_llm
 from pipeline.scheduler import SchedulerConfig
+from pipeline.worker import Busy
 
 
 @pytest.fixture(scope="module")
@@ -180,5 +181,52 @@ async def test_short_prompt_is_not_queued_behind_long_prefills(llm):
         await asyncio.gather(read("short", short), *(read(f"long{i}", s) for i, s in enumerate(longs)))
         assert all(s.stats.prompt_tokens > 500 for s in longs)
         assert first["short"] < min(first["long0"], first["long1"])
+    finally:
+        eng.stop()
+
+
+async def test_bad_sampling_settings_fail_only_their_own_request(engine):
+    goods = [engine.submit(ask("Count from one to ten.", n=12)) for _ in range(2)]
+    bads = [engine.submit(GenRequest(messages=[{"role": "user", "content": "Hi"}], **kw))
+            for kw in ({"temperature": 1.0, "top_p": 0.0}, {"temperature": float("nan")},
+                       {"max_new_tokens": 0})]
+    for bad in bads:
+        with pytest.raises(ValueError):
+            async for _ in bad:
+                pass
+        assert bad.stats.finish_reason == "error"
+    for good in goods:
+        assert "".join([d async for d in good]) and good.stats.finish_reason in ("stop", "length")
+
+
+async def test_tiny_top_p_samples_the_most_likely_token(engine):
+    greedy = engine.submit(ask("Name a colour.", n=6))
+    nucleus = engine.submit(GenRequest(messages=[{"role": "user", "content": "Name a colour."}], max_new_tokens=6,
+                                       temperature=1.0, top_p=1e-6, seed=3))
+    assert "".join([d async for d in greedy]) == "".join([d async for d in nucleus])
+
+
+async def test_prompt_longer_than_the_model_context_is_refused(engine):
+    context = engine.llm.model.config.max_position_embeddings
+    big = engine.submit(GenRequest(messages=[{"role": "user", "content": "Hi"}], max_new_tokens=context))
+    with pytest.raises(ValueError, match="context"):
+        async for _ in big:
+            pass
+
+
+async def test_queue_bound_counts_requests_waiting_for_a_slot(llm):
+    eng = LlmEngine(llm, LlmConfig(queue_size=3), SchedulerConfig(max_batch_size=1, max_wait_ms=0))
+    eng.start()
+    try:
+        streams, busy = [], 0
+        for i in range(8):
+            try:
+                streams.append(eng.submit(ask(f"Count to {i + 20}.", n=30)))
+            except Busy:
+                busy += 1
+            await asyncio.sleep(0.05)  # let the engine move the inbox into its waiting list
+        assert busy >= 4  # one running + three waiting: the rest are refused
+        for s in streams:
+            s.abort()
     finally:
         eng.stop()

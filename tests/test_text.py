@@ -4,7 +4,7 @@ import pytest
 
 from pipeline.chunker import SentenceChunker, speakable
 from pipeline.history import ChatHistory
-from pipeline.llm import apply_stop
+from pipeline.detok import StopStrings
 
 
 @pytest.mark.parametrize(
@@ -71,11 +71,22 @@ def test_code_fence_is_not_spoken():
     assert speakable("```python\nprint(1)\nx = 2\n```") == ""
 
 
-def test_apply_stop_across_deltas():
-    text, delta, stopped = apply_stop("Hello <", "|end|> more", ["<|end|>"])
-    assert stopped and text == "Hello " and delta == ""
-    text, delta, stopped = apply_stop("Hi", " there", ["STOP"])
-    assert not stopped and delta == " there"
+def test_stop_string_across_deltas_is_never_emitted_in_part():
+    s = StopStrings(["<|end|>"])
+    assert s.feed("Hello <") == "Hello "  # "<" may begin the stop string: held back
+    assert s.feed("|en") == "" and not s.stopped
+    assert s.feed("d|> more") == "" and s.stopped and s.text == "Hello "
+    assert s.flush() == ""
+
+
+def test_held_back_tail_is_released_when_it_does_not_become_a_stop_string():
+    s = StopStrings(["4. 4\n5", ""])
+    out = s.feed("3\n4") + s.feed(". 4") + s.feed("\n")
+    assert out == "3\n" and not s.stopped
+    assert s.feed("6") == "4. 4\n6"  # not "4. 4\n5": the tail is released
+    assert s.feed(" 4. 4\n5, 6") == " " and s.stopped and s.text == "3\n4. 4\n6 "
+    t = StopStrings(["STOP"])
+    assert t.feed("Hi ST") == "Hi " and t.flush() == "ST"  # generation ended: the tail was text
 
 
 def test_history_drops_oldest_turns_keeps_system():
