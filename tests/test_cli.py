@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -66,3 +67,13 @@ def test_mic_without_server_says_so(tmp_path):
 def test_serve_rejects_bad_config():
     r = voxpipe("serve", "--llm-threads", "0", timeout=60)
     assert r.returncode == 2 and "llm.threads" in r.stderr
+
+
+def test_runtime_env_bounds_onednn_cache_but_user_setting_wins(monkeypatch):
+    from server.cli import _runtime_env
+
+    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    _runtime_env()
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "64"
+    assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
