@@ -228,3 +228,17 @@ def test_prefill_budget_goes_to_the_shortest_remaining_prompt_first():
     assert p.spans == {3: (0, 4), 1: (10, 16)}  # the short newcomer first, the rest to the least left
     s.update(p, {3: 9})
     assert [r.rid for r in s.running] == [3] and s.requests[3].output_ids == [9]
+
+
+def test_late_chunks_of_a_long_prompt_are_cut_by_attention_cost():
+    s = Scheduler(SchedulerConfig(max_batch_size=2, max_wait_ms=0, max_prefill_tokens=512))
+    s.add(req(1, n_prompt=7000))
+    sizes = []
+    while s.requests[1].num_computed < 7000:
+        p = s.schedule(now=1)
+        a, b = p.spans[1]
+        sizes.append(b - a)
+        s.update(p, {})
+    assert sizes[:3] == [512, 512, 512]  # a chunk of 512 while it attends to ≤ 1536 tokens
+    assert sizes[-1] <= 128 and all(b * (a + b) <= 512 * 1536 for a, b in zip(
+        [sum(sizes[:i]) for i in range(len(sizes))], sizes))
