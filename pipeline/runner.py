@@ -68,6 +68,12 @@ class ModelRunner:
     MIN_PREFIX = 8
     """Shorter shared prefixes are not worth a cache entry."""
 
+    BUCKET = 8
+    """Prefill and mixed steps run a token count rounded up to a multiple of this (padding,
+    masked or discarded): oneDNN compiles a kernel per linear-layer shape and token count and
+    caches a bounded number (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``), so fewer distinct counts
+    mean cache hits instead of recompiling, and bounded memory."""
+
     def __init__(self, model, device, pad_id: int, *, prefix_cache_size: int = 8, mixed: bool = True) -> None:
         self.model, self.device, self.pad_id = model, device, pad_id
         self.slots: list[_Row | None] = []  # per batch slot: its request, None = free
@@ -200,7 +206,11 @@ class ModelRunner:
         ids = torch.cat([self.last, torch.tensor([x for r, s, e in zip(reqs, starts, ends)
                                                   for x in r.prompt_ids[s:e]], device=dev)])
         pos = torch.cat([self.pos] + [torch.arange(s, e, device=dev) for s, e in zip(starts, ends)])
-        cache = MixedCache(self.batch.cache, self.batch.open_column(), pasts, lens)
+        pad = -len(ids) % self.BUCKET  # a dummy segment rounds the step's length up (outputs unused)
+        ids = torch.cat([ids, torch.full((pad,), self.pad_id, device=dev)])
+        pos = torch.cat([pos, torch.arange(pad, device=dev)])
+        cache = MixedCache(self.batch.cache, self.batch.open_column(), pasts + [RowsKV.empty()] * bool(pad),
+                           lens + [pad] * bool(pad))
         last = torch.tensor([b - 1 + sum(lens[: j + 1]) for j in range(len(reqs))], device=dev)
         keep = torch.cat([torch.arange(b, device=dev), last])
         res = self.model(input_ids=ids[None], attention_mask=_NO_MASK, position_ids=pos[None],
@@ -228,6 +238,7 @@ class ModelRunner:
         past = RowsKV.cat(pasts)
         n, tp = len(reqs), past.columns
         c = max(e - s for s, e in zip(starts, ends))
+        c += -c % self.BUCKET  # left padding up to the bucket: fewer distinct shapes
         ids = torch.full((n, c), self.pad_id, dtype=torch.long)
         chunk = torch.zeros((n, c), dtype=torch.long)
         pos = torch.zeros((n, c), dtype=torch.long)

@@ -75,5 +75,5 @@ def test_runtime_env_bounds_onednn_cache_but_user_setting_wins(monkeypatch):
     monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
     _runtime_env()
-    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "64"
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "256"
     assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
