@@ -19,6 +19,8 @@ This is the "persistent batch" of vLLM v1's GPU model runner (vllm/v1/worker/gpu
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
@@ -32,11 +34,13 @@ class BatchLayer(DynamicLayer):
 
     def __init__(self, batch: "BatchKV", idx: int) -> None:
         super().__init__()
-        self.batch, self.idx, self.is_initialized = batch, idx, True
+        # a weak reference: batch → cache → layer → batch would be a cycle, and a dropped
+        # batch's KV buffers would then stay in memory until Python's cyclic GC ran
+        self._batch, self.idx, self.is_initialized = weakref.ref(batch), idx, True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         """Write (slots, kv_heads, q, head_dim) at columns [t, t+q); return the views up to t+q."""
-        b = self.batch
+        b = self._batch()
         q = key_states.shape[2]
         kb, vb = b.kb[self.idx], b.vb[self.idx]
         kb[: b.n, :, b.t : b.t + q] = key_states

@@ -8,6 +8,8 @@ barge-in) stops its generation at the next token step.
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import ctypes.util
 import logging
 import math
 import queue
@@ -124,6 +126,7 @@ class LlmEngine:
         self._probes: dict[str | None, list[int]] = {}
         self._next_rid = 0
         self.steps = 0
+        self._trimmed_at = 0
         self.batch_sizes: list[int] = []  # per step: requests in the step (benchmark, tests)
         self.token_log: list[tuple[float, int]] = []  # per step: (perf_counter at its end, tokens sampled)
 
@@ -208,6 +211,9 @@ class LlmEngine:
                 plan = self.scheduler.schedule()
                 if plan.empty:
                     idle = not self.scheduler.has_work()
+                    if idle and self.steps != self._trimmed_at:
+                        self._trimmed_at = self.steps
+                        release_free_memory()
                     self._wake.wait(None if idle else (plan.wait_s or 0.001))
                     self._wake.clear()
                     continue
@@ -341,3 +347,24 @@ def check_sampling(req: GenRequest) -> None:
         raise ValueError(f"temperature must be a finite number ≥ 0, got {req.temperature!r}")
     if not (0 < req.top_p <= 1):
         raise ValueError(f"top_p must be in (0, 1], got {req.top_p!r}")
+
+
+def release_free_memory() -> None:
+    """Return freed heap pages to the OS (glibc ``malloc_trim``; a no-op elsewhere).
+
+    Steps of many different lengths leave the engine thread's malloc arena fragmented:
+    200 mixed-length requests grew RSS by 200-450 MB that was free but never returned.
+    Called when the engine goes idle, so it costs no step any time.
+    """
+    global _LIBC
+    if _LIBC is None:
+        try:
+            _LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+            _LIBC.malloc_trim.argtypes = [ctypes.c_size_t]
+        except (OSError, AttributeError):
+            _LIBC = False
+    if _LIBC:
+        _LIBC.malloc_trim(0)
+
+
+_LIBC = None

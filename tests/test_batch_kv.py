@@ -7,6 +7,9 @@ tokens, in order. (Token identity with a real forward is tested in test_batching
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import torch
 from transformers import LlamaConfig
 
@@ -109,3 +112,17 @@ def test_packed_linear_matches_the_plain_layer():
 def test_pack_leaves_fp32_alone():
     model = torch.nn.Sequential(torch.nn.Linear(8, 8))
     assert pack_linears(model) == 0 and type(model[0]) is torch.nn.Linear
+
+
+def test_a_dropped_batch_frees_its_kv_at_once():
+    """No reference cycle keeps a dropped batch's buffers alive until the cyclic GC runs
+    (it did: 200 requests grew RSS by ~450 MB between collections)."""
+    gc.disable()
+    try:
+        b = BatchKV(RowsKV.cat([row(3, 1)]), CONFIG)
+        step(b, 1)
+        buf = weakref.ref(b.kb[0])
+        del b
+        assert buf() is None
+    finally:
+        gc.enable()

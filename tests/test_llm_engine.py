@@ -230,3 +230,23 @@ async def test_queue_bound_counts_requests_waiting_for_a_slot(llm):
             s.abort()
     finally:
         eng.stop()
+
+
+async def test_engine_returns_free_memory_when_it_goes_idle(llm, monkeypatch):
+    import pipeline.llm as llm_module
+
+    calls = []
+    monkeypatch.setattr(llm_module, "release_free_memory", lambda: calls.append(1))
+    eng = LlmEngine(llm, LlmConfig(), SchedulerConfig(max_wait_ms=0))
+    eng.start()
+    try:
+        assert "".join([d async for d in eng.submit(ask("Say hi.", n=3))])
+        for _ in range(100):
+            if calls:
+                break
+            await asyncio.sleep(0.01)
+        assert len(calls) == 1  # once per idle period, not on every wake-up
+    finally:
+        eng.stop()
+    monkeypatch.undo()
+    llm_module.release_free_memory()  # the real helper is safe to call anywhere
