@@ -129,10 +129,6 @@ def _peak_memory_mb(device) -> float:
     return float("nan")
 
 
-def toks_per_s(results: list, wall: float) -> float:
-    return sum(r[2] for r in results) / wall
-
-
 def _workload(n: int, seed: int = 0):
     rng = random.Random(seed)
     return [(PROMPTS[i % len(PROMPTS)], rng.choice(MAX_NEW)) for i in range(n)]
@@ -142,11 +138,10 @@ async def _one(engine, prompt: str, max_new: int, results: list) -> None:
     from pipeline.llm import GenRequest
 
     t0 = time.perf_counter()
-    engine.bench_submits.append(t0)
     stream = engine.submit(GenRequest(messages=[{"role": "user", "content": prompt}], max_new_tokens=max_new))
     async for _ in stream:
         pass
-    results.append((stream.stats.ttft_ms, (time.perf_counter() - t0) * 1000, stream.stats.output_tokens))
+    results.append((stream.stats.ttft_ms, (time.perf_counter() - t0) * 1000, stream.stats.output_tokens, t0))
 
 
 async def _closed_loop(engine, work, concurrency: int, bar) -> list:
@@ -182,10 +177,9 @@ def run_mode(llm, mode: str, sched, load: str, n: int, concurrency: int, rate: f
     engine = LlmEngine(llm, LlmConfig(queue_size=max(64, n)), sched)
     engine.start()
     try:
-        engine.bench_submits = []
         asyncio.run(_closed_loop(engine, [("Hi", 4)], 1, tqdm(disable=True)))  # warm-up
         engine.batch_sizes.clear()
-        engine.bench_submits.clear()
+        engine.token_log.clear()
         _reset_peak_memory(llm.device)
         work = _workload(n)
         with tqdm(total=n, desc=f"{mode} / {load}", unit="req", leave=False) as bar, \
@@ -198,12 +192,12 @@ def run_mode(llm, mode: str, sched, load: str, n: int, concurrency: int, rate: f
             wall = time.perf_counter() - t0
     finally:
         engine.stop()
-    # steady state: from the start to the last submission (all clients / arrivals still active)
-    last = max(engine.bench_submits) - t0
-    steady = sum(k for t, k in engine.token_log if t0 <= t <= t0 + last) / last if last > 1 else toks_per_s(results, wall)
     ttft = [r[0] for r in results]
     lat = [r[1] for r in results]
     toks = sum(r[2] for r in results)
+    # steady state: from the start to the last submission (all clients / arrivals still active)
+    last = max(r[3] for r in results) - t0
+    steady = sum(k for t, k in engine.token_log if t <= t0 + last) / last if last > 1 else toks / wall
     return Row(mode=mode, dtype=str(llm.dtype).replace("torch.", ""), load=load, requests=n,
                qps=round(n / wall, 3), ttft_p50_ms=round(_pct(ttft, 50)), ttft_p99_ms=round(_pct(ttft, 99)),
                latency_p50_ms=round(_pct(lat, 50)), latency_p99_ms=round(_pct(lat, 99)),

@@ -161,19 +161,18 @@ class BatchKV:
         attn = self.attn_buf.new_zeros((rows, width))
         attn[: self.n, a:b] = self.attn_buf[: self.n, self.s : self.t]
         self.attn_buf, self.s, self.t = attn, a, b
+        self._refresh()
 
     def _reserve(self, q: int) -> None:
         if self.t + q > self.kb[0].shape[2]:
             self._realloc(self.kb[0].shape[0], 0, q)
-            self._refresh()
 
     def _extend_left(self, d: int) -> None:
         if self.s >= d:  # dropped columns are still there: reuse them (masked off for every row)
             self.attn_buf[:, self.s - d : self.s] = 0
-            self.s -= d
         else:
-            self._realloc(self.kb[0].shape[0], d, 0)
-            self.s -= d
+            self._realloc(self.kb[0].shape[0], d, 0)  # the new columns are zeros, masked off
+        self.s -= d
 
     def _grow_slots(self, rows: int) -> None:
         self._realloc(max(rows, 2 * self.kb[0].shape[0]), 0, 0)

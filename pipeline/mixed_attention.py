@@ -44,6 +44,7 @@ class MixedCache:
         self.batch, self.pasts, self.lens = batch, pasts, lens
         self.b = int(attn.shape[0])
         self.dec_mask = attn.bool()[:, None, None, :]  # (B, 1, 1, T+1)
+        self.chunk_masks = [self._chunk_mask(p, n, attn.device) for p, n in zip(pasts, lens)]  # same in every layer
         self.dec_kv: list[tuple[torch.Tensor, torch.Tensor]] = []  # per layer: rows' (B, kv_heads, T+1, D)
         self.new_keys: list[torch.Tensor] = []  # per layer: (1, kv_heads, sum(lens), head_dim)
         self.new_values: list[torch.Tensor] = []
@@ -57,6 +58,15 @@ class MixedCache:
         self.new_values.append(v[:, :, b:])
         return k, v
 
+    @staticmethod
+    def _chunk_mask(past, n: int, device) -> torch.Tensor:
+        """(1, 1, n, p+n) bool: a chunk's tokens see its past's real columns and, causally, itself."""
+        p = past.columns if past.keys else 0
+        mask = torch.ones((n, p + n), dtype=torch.bool, device=device).tril(p)
+        if p:
+            mask[:, :p] &= past.attn[0].bool()
+        return mask[None, None]
+
     def attend(self, module, query: torch.Tensor, layer: int, **kw) -> torch.Tensor:
         """Attention output (1, Q, heads, head_dim) of the flat query (1, heads, Q, head_dim)."""
         b = self.b
@@ -65,16 +75,11 @@ class MixedCache:
         out, _ = sdpa_attention_forward(module, q_dec, keys, values, self.dec_mask, **kw)
         outs = [out.reshape(1, b, *out.shape[2:])]
         o = 0
-        for past, n in zip(self.pasts, self.lens):
+        for past, n, mask in zip(self.pasts, self.lens, self.chunk_masks):
             k, v = self.new_keys[layer][:, :, o : o + n], self.new_values[layer][:, :, o : o + n]
-            p = past.columns if past.keys else 0
-            if p:
+            if past.keys:
                 k = torch.cat([past.keys[layer], k], dim=2)
                 v = torch.cat([past.values[layer], v], dim=2)
-            mask = torch.ones((n, p + n), dtype=torch.bool, device=query.device).tril(p)
-            if p:
-                mask[:, :p] &= past.attn[0].bool()
-            mask = mask[None, None]
             out, _ = sdpa_attention_forward(module, query[:, :, b + o : b + o + n], k, v, mask, **kw)
             outs.append(out)
             o += n
