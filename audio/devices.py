@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import collections
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

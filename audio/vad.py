@@ -56,7 +56,7 @@ class SileroVad:
                 probs[i] = float(np.asarray(out).reshape(-1)[0])
         return probs, h, c
 
-    def stream(self) -> "VadStream":
+    def stream(self) -> VadStream:
         """A new per-session stream with fresh state."""
         return VadStream(self)
 

@@ -1,9 +1,9 @@
 """Streaming-ASR benchmark: N sessions on one shared Whisper engine.
 
-N = 1, 2, 4, 8 concurrent sessions each stream the English clips of the shared audio
+N = 1, 2, 4, 8 concurrent sessions each stream the English clips of the test audio
 folder (one turn per clip, sessions starting at different clips) in 20 ms frames at
-real-time pace into :class:`~pipeline.asr_turn.AsrTurn` drivers on one
-:class:`~pipeline.asr.AsrEngine` (in process: no VAD, LLM or TTS competing). Per N it
+real-time pace into :class:`~pipeline.asr.turn.AsrTurn` drivers on one
+:class:`~pipeline.asr.engine.AsrEngine` (in process: no VAD, LLM or TTS competing). Per N it
 prints the final-transcript latency after the last audio frame (p50/p95), the interval
 between partial transcripts while a clip is playing (mean/p95), the engine's real-time
 factor, the mean decode batch, and the WER of the streaming finals next to the WER of
@@ -92,7 +92,7 @@ def load_clips(audio_dir: Path) -> list[tuple[str, np.ndarray, str]]:
 
 
 async def _session(engine, clips, first: int, speed: float, stats: dict) -> None:
-    from pipeline.asr_turn import AsrTurn
+    from pipeline.asr.turn import AsrTurn
 
     loop = asyncio.get_running_loop()
     for k in range(len(clips)):
@@ -232,13 +232,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=1, help="CTranslate2 threads (the server's budget is 1)")
     p.add_argument("--max-batch-size", type=int, default=8)
     p.add_argument("--speed", type=float, default=1.0, help="audio pace (1 = real time)")
-    p.add_argument("--audio-dir", default=str(Path(__file__).resolve().parent.parent.parent / "shared" / "audio"))
+    p.add_argument("--audio-dir", default=str(Path(__file__).resolve().parent.parent / "tests" / "data" / "audio"))
     p.add_argument("--json", action="store_true")
 
 
 def main(args) -> int:
     """Run the benchmark and print its table (and JSON with ``--json``)."""
-    from pipeline.asr import AsrEngine, AsrRequest, DecodeRequest, load_whisper
+    from pipeline.asr.engine import AsrEngine
+    from pipeline.asr.loader import load_whisper
+    from pipeline.asr.types import AsrRequest, DecodeRequest
     from pipeline.config import AsrConfig
 
     cfg = AsrConfig(model=args.asr_model, threads=args.threads, max_batch_size=args.max_batch_size)

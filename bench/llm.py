@@ -3,9 +3,10 @@
 Modes (DESIGN.md §7): no batching (one request at a time), static batching (batches of
 4 that wait until full and admit nobody while running), dynamic/continuous batching
 (``max_wait_ms=50``), and dynamic batching at reduced precision (int8 dynamic weight
-quantization on CPU against the bf16 baseline). Loads: a closed loop at fixed concurrency, and Poisson arrivals at a fixed
-rate. Chat prompts of varied length with varied ``max_new_tokens``; every request uses the
-chat template's default system prompt, as chat requests share one system prompt in serving.
+quantization on CPU against the bf16 baseline). Loads: a closed loop at fixed concurrency,
+and Poisson arrivals at a fixed rate. Chat prompts of varied length with varied
+``max_new_tokens``; every request uses the chat template's default system prompt, as chat
+requests share one system prompt in serving.
 
 A run is finite: at its end the batch drains (the last requests decode in a shrinking
 batch; at 72 requests and concurrency 8 that tail is ~35 of ~270 steps at a mean batch of
@@ -102,7 +103,7 @@ class _GpuUtilization:
             except Exception:  # noqa: BLE001 - no NVML: report nothing
                 return
 
-    def __enter__(self) -> "_GpuUtilization":
+    def __enter__(self) -> _GpuUtilization:
         if self._thread is not None:
             self._thread.start()
         return self
@@ -135,7 +136,7 @@ def _workload(n: int, seed: int = 0):
 
 
 async def _one(engine, prompt: str, max_new: int, results: list) -> None:
-    from pipeline.llm import GenRequest
+    from pipeline.llm.types import GenRequest
 
     t0 = time.perf_counter()
     stream = engine.submit(GenRequest(messages=[{"role": "user", "content": prompt}], max_new_tokens=max_new))
@@ -172,7 +173,7 @@ async def _poisson(engine, work, rate: float, bar, seed: int = 1) -> list:
 def run_mode(llm, mode: str, sched, load: str, n: int, concurrency: int, rate: float) -> Row:
     """Run one mode under one load; returns its table row."""
     from pipeline.config import LlmConfig
-    from pipeline.llm import LlmEngine
+    from pipeline.llm.engine import LlmEngine
 
     engine = LlmEngine(llm, LlmConfig(queue_size=max(64, n)), sched)
     engine.start()
@@ -210,8 +211,8 @@ def main(args) -> int:
     """``voxpipe bench llm``: print the table (and JSON with ``--json``)."""
     import torch
 
-    from pipeline.llm_loader import load_llm
-    from pipeline.scheduler import SchedulerConfig
+    from pipeline.config import SchedulerConfig
+    from pipeline.llm.loader import load_llm
 
     torch.set_num_threads(args.threads)
     base_dev = "cuda" if args.device == "cuda" else "cpu"  # bf16: the serving default
@@ -253,6 +254,7 @@ def format_table(rows: list[Row], args) -> str:
     for r in rows:
         if r.mode != "no batching" and r.load in base:
             b = base[r.load]
-            lines.append(f"{r.mode} / {r.load}: {r.tok_s / b.tok_s:.2f}x tok/s (steady {r.steady_tok_s / b.steady_tok_s:.2f}x), "
+            steady = r.steady_tok_s / b.steady_tok_s
+            lines.append(f"{r.mode} / {r.load}: {r.tok_s / b.tok_s:.2f}x tok/s (steady {steady:.2f}x), "
                          f"p99 latency {r.latency_p99_ms / b.latency_p99_ms:.2f}x of no batching")
     return "\n".join(lines)

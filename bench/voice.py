@@ -1,7 +1,7 @@
 """Voice benchmark: per-response latencies through a real server on loopback.
 
 Starts ``voxpipe serve`` (SmolLM2 by default), then streams the English clips of the
-shared audio folder at real-time pace from 1 and from N concurrent sessions, and
+test audio folder (tests/data/audio) at real-time pace from 1 and from N concurrent sessions, and
 prints per-response medians/p95: first LLM token → first audio, first complete phrase
 → first audio, TTS real-time factor, and voice-to-voice latency (end of the user's
 speech → first reply audio received by the client).
@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import csv
 import json
-import os
 import socket
 import statistics
 import subprocess
@@ -29,7 +28,7 @@ def _free_port() -> int:
 
 
 def _start_server(llm: str, port: int, extra: list[str]) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-m", "server.cli", "serve", "--llm", llm, "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "cli", "serve", "--llm", llm, "--port", str(port),
                              "--log-level", "WARNING", *extra], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 600
     while time.time() < deadline:
@@ -52,7 +51,7 @@ def _clips(audio_dir: Path) -> list[Path]:
 
 
 async def _session(url: str, clips: list[Path], out: list[dict]) -> None:
-    from server.client import ask
+    from clients.client import ask
 
     for clip in clips:
         res = await ask(str(clip), url=url, timeout_s=120)
@@ -86,10 +85,10 @@ def main(args) -> int:
             rows: list[dict] = []
             per = clips * args.repeat
 
-            async def run() -> None:
+            async def run(n: int, per: list[Path], rows: list[dict]) -> None:
                 await asyncio.gather(*(_session(url, per, rows) for _ in range(n)))
 
-            asyncio.run(run())
+            asyncio.run(run(n, per, rows))
             row = {"sessions": n, "responses": len(rows)}
             for key in ("first_token_to_audio", "first_phrase_to_audio", "tts_rtf", "llm_ttft", "asr",
                         "voice_to_voice", "client_voice_to_voice"):

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .scheduler import SchedulerConfig
-
 
 @dataclass(slots=True, kw_only=True)
 class TurnConfig:
@@ -124,6 +122,37 @@ class LlmConfig:
 
 
 @dataclass(slots=True, kw_only=True)
+class SchedulerConfig:
+    """Batching knobs.
+
+    Attributes:
+        max_batch_size: most requests decoding together (8).
+        max_wait_ms: how long a lone request waits for company before the batch starts
+            (20 ms); requests arriving while a batch runs join at the next step anyway.
+        max_prefill_tokens: prompt tokens prefilled in one step over all joining
+            requests (512); longer prompts are prefilled in chunks over several steps,
+            so a long or bursty prefill delays the running requests' next token by at
+            most about one such chunk.
+        max_prefill_attention: a chunk's tokens × the prompt tokens they attend to
+            (512 × 1536): late chunks of a long prompt attend to everything before them,
+            so they are cut shorter (at 6000 tokens in: ~120 tokens). A 512-token chunk
+            6000 tokens into a prompt took 1.3-1.7 s with SmolLM2 on this CPU, stalling
+            every running request for that long.
+        max_kv_tokens: KV-cache budget in tokens over the batch, each request counted as
+            prompt + max_new_tokens (16384); a request that would exceed it waits.
+        static: static batching for comparison — start only with a full batch (or
+            after ``max_wait_ms``) and admit nobody until the batch has drained.
+    """
+
+    max_batch_size: int = 8
+    max_wait_ms: float = 20.0
+    max_prefill_tokens: int = 512
+    max_prefill_attention: int = 512 * 1536
+    max_kv_tokens: int = 16384
+    static: bool = False
+
+
+@dataclass(slots=True, kw_only=True)
 class TtsConfig:
     """Piper TTS.
 
@@ -174,7 +203,7 @@ class VoxpipeConfig:
     tts: TtsConfig = field(default_factory=TtsConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
 
-    def validate(self) -> "VoxpipeConfig":
+    def validate(self) -> VoxpipeConfig:
         """Cross-check fields; returns self.
 
         Raises:

@@ -9,12 +9,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from audio.vad import SileroVad
-
-from .asr import AsrEngine, AsrRequest, load_whisper
-from .config import VoxpipeConfig
-from .llm import GenRequest, LlmEngine
-from .llm_loader import load_llm
-from .tts import TtsEngine, load_voice
+from pipeline.asr.engine import AsrEngine
+from pipeline.asr.loader import load_whisper
+from pipeline.asr.types import AsrRequest
+from pipeline.config import VoxpipeConfig
+from pipeline.llm.engine import LlmEngine
+from pipeline.llm.loader import load_llm
+from pipeline.llm.types import GenRequest
+from pipeline.tts.engine import TtsEngine
+from pipeline.tts.loader import load_voice
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +50,7 @@ def load_engines(cfg: VoxpipeConfig) -> Engines:
     Raises:
         ModelNotInstalled, ValueError, FileNotFoundError: see the loaders.
     """
-    from . import model_files
+    from pipeline import model_files
 
     cfg.validate()
     t0 = time.perf_counter()

@@ -74,7 +74,7 @@ class BatchWorker(Generic[In, Out]):
         """Items waiting in the queue."""
         return self._queue.qsize()
 
-    def submit(self, item: In) -> "asyncio.Future[Out]":
+    def submit(self, item: In) -> asyncio.Future[Out]:
         """Queue ``item``; returns a future resolved with its result on this loop.
 
         Raises:
@@ -121,7 +121,7 @@ class BatchWorker(Generic[In, Out]):
                 continue
             try:
                 results = self.process_batch([j.item for j in jobs])
-            except BaseException as exc:  # noqa: BLE001 - reported to every caller
+            except BaseException as exc:
                 logger.exception("%s batch failed", self.name)
                 results = [exc] * len(jobs)
             for job, res in zip(jobs, results):

@@ -1,1 +1,2 @@
-"""The WebSocket server, the wire protocol, and the ``voxpipe`` command line."""
+"""The WebSocket server: sessions over ``/ws``, their outbox, the wire protocol,
+``/healthz``, ``/metrics`` and the web demo."""

@@ -17,11 +17,10 @@ from websockets.http11 import Request, Response
 from pipeline import metrics
 from pipeline.config import VoxpipeConfig
 from pipeline.engines import Engines
-from pipeline.session import Session
+from pipeline.session.session import Session
 
 from .outbox import SlowClient, WsOutbox
-from .protocol import (InputEnd, ProtocolError, ResponseCancel, SessionEnd, SessionStart, TextInput,
-                       parse_client_event)
+from .protocol import InputEnd, ProtocolError, ResponseCancel, SessionEnd, SessionStart, TextInput, parse_client_event
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +98,7 @@ class VoxpipeServer:
                     break
         except (ConnectionClosed, SlowClient):
             pass
-        except Exception:  # noqa: BLE001 - never let one session take the server down
+        except Exception:
             logger.exception("session %s crashed", sid)
             try:
                 await session.error("internal", "internal error; session closed", fatal=True)
@@ -110,7 +109,7 @@ class VoxpipeServer:
             out.close()
             try:
                 await asyncio.wait_for(writer, timeout=2.0)
-            except (asyncio.TimeoutError, Exception):  # noqa: BLE001
+            except (TimeoutError, Exception):  # noqa: BLE001
                 writer.cancel()
             await ws.close()
             self.sessions -= 1

@@ -34,6 +34,7 @@ class WsOutbox:
         self.timeout_s = timeout_s
         self._q: asyncio.Queue[str | bytes | None] = asyncio.Queue(maxsize=maxsize)
         self.closed = False
+        self._closer: asyncio.Future | None = None  # closes a slow client's socket
 
     async def event(self, kind: str, **fields) -> None:
         await self._put(server_event(kind, **fields))
@@ -56,7 +57,7 @@ class WsOutbox:
         except TimeoutError:
             logger.warning("client not reading for %.1f s: closing", self.timeout_s)
             self.closed = True
-            asyncio.ensure_future(self.ws.close(1008, "client too slow: not reading"))
+            self._closer = asyncio.ensure_future(self.ws.close(1008, "client too slow: not reading"))
             raise SlowClient("client too slow") from None
 
     async def run(self) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import struct
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
@@ -64,7 +64,7 @@ class SessionEnd(_Event):
 
 
 ClientEvent = Annotated[
-    Union[SessionStart, InputEnd, TextInput, ResponseCancel, SessionEnd], Field(discriminator="type")
+    SessionStart | InputEnd | TextInput | ResponseCancel | SessionEnd, Field(discriminator="type")
 ]
 _ADAPTER: TypeAdapter = TypeAdapter(ClientEvent)
 CLIENT_TYPES = ("session.start", "input.end", "text.input", "response.cancel", "session.end")

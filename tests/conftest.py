@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-AUDIO_DIR = Path(os.environ.get("VOXPIPE_TEST_AUDIO", ROOT.parent / "shared" / "audio"))
+AUDIO_DIR = Path(os.environ.get("VOXPIPE_TEST_AUDIO", ROOT / "tests" / "data" / "audio"))
 
 
 def free_port() -> int:
@@ -46,7 +46,7 @@ def running_server(log: Path, *args: str, ready_s: float = 600):
     env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
     with open(log, "w") as fh:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "server.cli", "serve", "--llm", "smollm2", "--port", str(port), *args],
+            [sys.executable, "-m", "cli", "serve", "--llm", "smollm2", "--port", str(port), *args],
             cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT,
         )
         try:

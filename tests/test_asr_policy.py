@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.asr_agreement import LocalAgreement, join_words, split_words
-from pipeline.asr_decode import DecodeResult, TimedWord, _before_loop
-from pipeline.asr_guards import check_continuation, cut_repetition, restarted_tail, trailing_loop
-from pipeline.asr_stream import CATCHUP_WINDOW_S, StreamingTranscript
+from pipeline.asr.agreement import LocalAgreement, join_words, split_words
+from pipeline.asr.decode import _before_loop
+from pipeline.asr.guards import check_continuation, cut_repetition, restarted_tail, trailing_loop
+from pipeline.asr.stream import CATCHUP_WINDOW_S, StreamingTranscript
+from pipeline.asr.types import DecodeResult, TimedWord
 from pipeline.config import AsrConfig
 
 RATE = 16000

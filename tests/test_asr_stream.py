@@ -11,11 +11,12 @@ import pytest
 
 from audio.pcm import resample
 from audio.wav import read_mono
-from pipeline.asr import AsrEngine, AsrRequest, load_whisper
-from pipeline.asr_decode import DecodeRequest
-from pipeline.asr_agreement import split_words
-from pipeline.asr_stream import StreamingTranscript
-from pipeline.asr_turn import AsrTurn
+from pipeline.asr.agreement import split_words
+from pipeline.asr.engine import AsrEngine
+from pipeline.asr.loader import load_whisper
+from pipeline.asr.stream import StreamingTranscript
+from pipeline.asr.turn import AsrTurn
+from pipeline.asr.types import AsrRequest, DecodeRequest
 from pipeline.config import AsrConfig
 from tests.wsclient import normalize, wer
 

@@ -1,4 +1,4 @@
-"""The decoding batch's slot KV (pipeline.batch_kv) and the packed bf16 linears (pipeline.cpu_linear).
+"""The decoding batch's slot KV (pipeline.llm.runner.batch_kv) and the packed bf16 linears (pipeline.llm.runner.cpu_linear).
 
 BatchKV is pure tensor bookkeeping, tested here with random tensors: after any sequence of
 joins, steps, leaves, trims and compactions every live slot must still see exactly its own
@@ -13,9 +13,9 @@ import weakref
 import torch
 from transformers import LlamaConfig
 
-from pipeline.batch_kv import BatchKV
-from pipeline.cpu_linear import PackedLinear, pack_linears, packing_supported
-from pipeline.kv_rows import RowsKV
+from pipeline.llm.runner.batch_kv import BatchKV
+from pipeline.llm.runner.cpu_linear import PackedLinear, pack_linears, packing_supported
+from pipeline.llm.runner.kv_rows import RowsKV
 
 LAYERS, HEADS, DIM = 2, 2, 4
 CONFIG = LlamaConfig(num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=HEADS,

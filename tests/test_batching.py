@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.runner import ModelRunner
-from pipeline.scheduler import SchedRequest, Scheduler, SchedulerConfig, State
+from pipeline.config import SchedulerConfig
+from pipeline.llm.runner.runner import ModelRunner
+from pipeline.llm.scheduler import Scheduler
+from pipeline.llm.types import SchedRequest, State
 
 
 def req(rid, n_prompt=4, max_new=3, arrival=0.0, eos=()):

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import pytest
 
 from bench.llm import format_table, run_mode
-from pipeline.llm_loader import load_llm
-from pipeline.scheduler import SchedulerConfig
+from pipeline.config import SchedulerConfig
+from pipeline.llm.loader import load_llm
 
 
 @pytest.fixture(scope="module")

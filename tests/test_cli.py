@@ -14,7 +14,7 @@ JFK = "en_jfk_inaugural_1961.wav"
 
 
 def voxpipe(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "server.cli", *args], cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "cli", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=timeout)
 
 
@@ -70,7 +70,7 @@ def test_serve_rejects_bad_config():
 
 
 def test_runtime_env_bounds_onednn_cache_but_user_setting_wins(monkeypatch):
-    from server.cli import _runtime_env
+    from cli.main import _runtime_env
 
     monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")

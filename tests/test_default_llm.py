@@ -9,8 +9,9 @@ import pytest
 
 from pipeline import model_files
 from pipeline.config import LlmConfig
-from pipeline.llm import GenRequest, LlmEngine
-from pipeline.llm_loader import load_llm
+from pipeline.llm.engine import LlmEngine
+from pipeline.llm.loader import load_llm
+from pipeline.llm.types import GenRequest
 
 
 def test_join_parts_checks_the_hash(tmp_path):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from audio.pcm import resample
-from audio.wav import read_audio, read_mono
+from audio.wav import read_mono
 from tests.wsclient import Client, normalize, wer
 
 JFK = "en_jfk_inaugural_1961.wav"
@@ -56,7 +56,9 @@ async def test_jfk_reply_text_and_audio(jfk_turn):
 
 async def test_reply_audio_says_reply_text(jfk_turn):
     """Transcribe the reply audio back with the ASR model: it must say the reply text."""
-    from pipeline.asr import AsrEngine, AsrRequest, load_whisper
+    from pipeline.asr.engine import AsrEngine
+    from pipeline.asr.loader import load_whisper
+    from pipeline.asr.types import AsrRequest
     from pipeline.config import AsrConfig
 
     conv, done = jfk_turn

@@ -1,7 +1,7 @@
 """Endpointer with scripted VAD probabilities (32 ms windows)."""
 
 from pipeline.config import TurnConfig
-from pipeline.endpointing import Endpointer, SpeechEnd, SpeechPause, SpeechResume, SpeechStart
+from pipeline.session.endpointing import Endpointer, SpeechEnd, SpeechPause, SpeechResume, SpeechStart
 
 W = 512
 

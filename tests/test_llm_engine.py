@@ -8,11 +8,11 @@ import time
 
 import pytest
 
-from pipeline.config import LlmConfig
-from pipeline.history import ChatHistory
-from pipeline.llm import GenRequest, LlmEngine
-from pipeline.llm_loader import load_llm
-from pipeline.scheduler import SchedulerConfig
+from pipeline.config import LlmConfig, SchedulerConfig
+from pipeline.llm.engine import LlmEngine
+from pipeline.llm.loader import load_llm
+from pipeline.llm.types import GenRequest
+from pipeline.session.history import ChatHistory
 from pipeline.worker import Busy
 
 
@@ -233,7 +233,7 @@ async def test_queue_bound_counts_requests_waiting_for_a_slot(llm):
 
 
 async def test_engine_returns_free_memory_when_it_goes_idle(llm, monkeypatch):
-    import pipeline.llm as llm_module
+    import pipeline.llm.engine as llm_module
 
     calls = []
     monkeypatch.setattr(llm_module, "release_free_memory", lambda: calls.append(1))

@@ -11,11 +11,15 @@ from audio.pcm import resample
 from audio.vad import SileroVad
 from audio.wav import read_mono
 from pipeline import model_files
-from pipeline.asr import AsrEngine, AsrRequest, cut_repetition, load_whisper
-from pipeline.config import AsrConfig, LlmConfig, TtsConfig, TurnConfig
-from pipeline.detok import IncrementalDetokenizer
-from pipeline.endpointing import Endpointer, SpeechEnd
-from pipeline.tts import TtsEngine, load_voice
+from pipeline.asr.engine import AsrEngine
+from pipeline.asr.guards import cut_repetition
+from pipeline.asr.loader import load_whisper
+from pipeline.asr.types import AsrRequest
+from pipeline.config import AsrConfig, TtsConfig, TurnConfig
+from pipeline.llm.detok import IncrementalDetokenizer
+from pipeline.session.endpointing import Endpointer, SpeechEnd
+from pipeline.tts.engine import TtsEngine
+from pipeline.tts.loader import load_voice
 from tests.wsclient import wer
 
 
@@ -34,7 +38,7 @@ def vad():
 def tokenizer():
     from transformers import AutoTokenizer
 
-    from pipeline.llm_loader import llm_folder
+    from pipeline.llm.loader import llm_folder
 
     return AutoTokenizer.from_pretrained(str(llm_folder("smollm2")))
 

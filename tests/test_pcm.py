@@ -102,7 +102,7 @@ def test_f32_after_leading_silence_is_still_caught():
 
 def test_client_frames_round_pcm16_exactly(tmp_path):
     from audio.wav import write_wav
-    from server.client import _pcm16_frames
+    from clients.client import _pcm16_frames
 
     x = np.arange(-16000, 16000, 7, dtype=np.int16)  # |x| < 16384: x * 32767 / 32768 rounds back to x
     path = tmp_path / "ramp.wav"

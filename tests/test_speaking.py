@@ -83,9 +83,10 @@ class _FakeStream:
 async def test_empty_or_unspeakable_reply_speaks_a_fallback(deltas):
     """Response logic only (a scripted LLM stream; real TTS)."""
     from pipeline.config import TtsConfig, VoxpipeConfig
-    from pipeline.history import ChatHistory
-    from pipeline.responder import EMPTY_REPLY, Responder
-    from pipeline.tts import TtsEngine, load_voice
+    from pipeline.session.history import ChatHistory
+    from pipeline.session.responder import EMPTY_REPLY, Responder
+    from pipeline.tts.engine import TtsEngine
+    from pipeline.tts.loader import load_voice
 
     class Out:
         def __init__(self):

@@ -19,7 +19,7 @@ from tests.wsclient import Client
 
 async def test_first_turn_is_as_fast_as_the_second(audio_dir):
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "server.cli", "serve", "--llm", "smollm2", "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "cli", "serve", "--llm", "smollm2", "--port", str(port)],
                             cwd=ROOT, env=dict(os.environ), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         statuses = []

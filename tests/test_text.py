@@ -2,9 +2,9 @@
 
 import pytest
 
-from pipeline.chunker import SentenceChunker, speakable
-from pipeline.history import ChatHistory
-from pipeline.detok import StopStrings
+from pipeline.llm.detok import StopStrings
+from pipeline.session.history import ChatHistory
+from pipeline.tts.chunker import SentenceChunker, speakable
 
 
 @pytest.mark.parametrize(

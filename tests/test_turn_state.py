@@ -1,6 +1,6 @@
 """The turn state machine with scripted event sequences."""
 
-from pipeline.turn_state import Phase, TurnState
+from pipeline.session.turn_state import Phase, TurnState
 
 
 def test_normal_turn_cycle():

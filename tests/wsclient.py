@@ -12,7 +12,6 @@ from websockets.asyncio.client import connect
 
 from server.protocol import parse_audio_frame
 
-
 _NORMALIZER = None
 
 
@@ -63,7 +62,7 @@ class Client:
         self._reader: asyncio.Task | None = None
         self._new = asyncio.Event()
 
-    async def __aenter__(self) -> "Client":
+    async def __aenter__(self) -> Client:
         self.ws = await connect(self.url, max_size=None)
         self._reader = asyncio.create_task(self._read())
         return self
@@ -110,7 +109,7 @@ class Client:
                 raise TimeoutError(f"no matching event; got {[e['type'] for e in self.conv.events]}")
             try:
                 await asyncio.wait_for(self._new.wait(), left)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     async def start(self, **fields) -> dict:

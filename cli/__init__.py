@@ -1,0 +1,1 @@
+"""The ``voxpipe`` command line: serve, ask, mic, bench."""

@@ -1,0 +1,205 @@
+"""The ``voxpipe`` command line: ``serve``, ``ask`` and ``mic``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="voxpipe", description="Real-time voice assistant server.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("serve", help="run the WebSocket server")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8765)
+    s.add_argument("--llm", default="qwen", help="qwen (default), smollm2, or a local transformers folder")
+    s.add_argument("--asr-model", default="tiny.en",
+                   help="tiny.en (default), base (multilingual, detects the language) or a CTranslate2 Whisper folder")
+    s.add_argument("--asr-batch-size", type=int, default=8, help="ASR decode requests (any sessions) run together")
+    s.add_argument("--voice", default="joe", help="joe (default) or a Piper .onnx voice path")
+    s.add_argument("--device", default="auto", help="auto | cpu (bf16) | cpu-fp32 | cpu-int8 | cuda")
+    s.add_argument("--llm-threads", type=int, default=1, help="torch threads for the LLM")
+    s.add_argument("--tts-threads", type=int, default=1, help="onnxruntime threads per TTS worker")
+    s.add_argument("--max-new-tokens", type=int, default=96)
+    s.add_argument("--max-batch-size", type=int, default=8, help="LLM requests decoding together")
+    s.add_argument("--max-wait-ms", type=float, default=20.0, help="how long a lone LLM request waits for company")
+    s.add_argument("--end-silence-ms", type=int, default=500, help="silence that ends a turn")
+    s.add_argument("--early-end-ms", type=int, default=200,
+                   help="silence after which the reply starts speculatively, held until the turn ends (0: off)")
+    s.add_argument("--log-level", default="INFO")
+
+    a = sub.add_parser("ask", help="send an audio file, print and save the spoken reply")
+    a.add_argument("audio", help="audio file (WAV, FLAC, ...)")
+    a.add_argument("--url", default="ws://127.0.0.1:8765/ws")
+    a.add_argument("--out", default="reply.wav", help="where to write the reply audio")
+    a.add_argument("--fast", action="store_true", help="send as fast as possible, not in real time")
+    a.add_argument("--json", action="store_true", help="print exactly one JSON object")
+    a.add_argument("--language", default=None)
+    a.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for the reply")
+
+    b = sub.add_parser("bench", help="run a benchmark and print its table")
+    bsub = b.add_subparsers(dest="bench", required=True)
+    bl = bsub.add_parser("llm", help="LLM batching modes: the design article's table")
+    bl.add_argument("--llm", default="smollm2")
+    bl.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    bl.add_argument("--requests", type=int, default=72,
+                    help="requests per mode and load (72)")
+    bl.add_argument("--concurrency", type=int, default=8)
+    bl.add_argument("--rate", type=float, default=1.5, help="Poisson arrivals per second")
+    bl.add_argument("--max-batch-size", type=int, default=8)
+    bl.add_argument("--threads", type=int, default=1)
+    bl.add_argument("--json", action="store_true")
+
+    from bench.asr import add_arguments as asr_bench_arguments
+
+    asr_bench_arguments(bsub.add_parser("asr", help="streaming ASR: 1-8 sessions on one engine, batching"))
+    bv = bsub.add_parser("voice", help="per-response voice latencies through a real server")
+    bv.add_argument("--llm", default="smollm2")
+    bv.add_argument("--sessions", type=int, nargs="+", default=[1, 4])
+    bv.add_argument("--repeat", type=int, default=1)
+    bv.add_argument("--jfk-only", action="store_true")
+    bv.add_argument("--serve-args", default="", help="extra 'voxpipe serve' options, e.g. '--tts-threads 2'")
+    bv.add_argument("--audio-dir", default=str(Path(__file__).resolve().parent.parent / "tests" / "data" / "audio"))
+    bv.add_argument("--json", action="store_true")
+
+    m = sub.add_parser("mic", help="talk to a server with the local microphone and speaker")
+    m.add_argument("--url", default="ws://127.0.0.1:8765/ws")
+    m.add_argument("--input-device", default=None)
+    m.add_argument("--output-device", default=None)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``voxpipe`` console script."""
+    args = _parser().parse_args(argv)
+    if args.command == "serve":
+        return _serve(args)
+    if args.command == "ask":
+        return _ask(args)
+    if args.command == "bench":
+        _runtime_env()
+        logging.basicConfig(level="WARNING")
+        if args.bench == "asr":
+            from bench.asr import main as bench_asr
+
+            return bench_asr(args)
+        if args.bench == "voice":
+            from bench.voice import main as bench_voice
+
+            return bench_voice(args)
+        from bench.llm import main as bench_llm
+
+        return bench_llm(args)
+    if args.command == "mic":
+        from clients.mic import run_mic
+
+        return run_mic(args.url, input_device=args.input_device, output_device=args.output_device)
+    return 2
+
+
+def _runtime_env() -> None:
+    """Thread and memory settings for the model runtimes, before any model loads (a user's
+    own environment wins): idle OpenMP threads sleep instead of spinning (2-core budget),
+    and oneDNN keeps at most 256 compiled kernels — one per linear-layer shape and token
+    count (the LLM runner rounds step lengths up to multiples of 8, so its working set
+    fits); the default 1024 grew RSS by ~230 MB as steps of new lengths came (SmolLM2)."""
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "256")
+
+
+def _serve(args) -> int:
+    _runtime_env()
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from pipeline.config import (
+        AsrConfig,
+        LlmConfig,
+        SchedulerConfig,
+        ServerConfig,
+        TtsConfig,
+        TurnConfig,
+        VoxpipeConfig,
+    )
+
+    cfg = VoxpipeConfig(
+        turn=TurnConfig(end_silence_ms=args.end_silence_ms, early_end_ms=args.early_end_ms),
+        asr=AsrConfig(model=args.asr_model, max_batch_size=args.asr_batch_size),
+        llm=LlmConfig(model=args.llm, device=args.device, threads=args.llm_threads,
+                      max_new_tokens=args.max_new_tokens),
+        llm_batch=SchedulerConfig(max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms),
+        tts=TtsConfig(voice=args.voice, threads=args.tts_threads),
+        server=ServerConfig(host=args.host, port=args.port),
+    )
+    try:
+        cfg.validate()
+    except ValueError as exc:
+        print(f"voxpipe: bad configuration: {exc}", file=sys.stderr)
+        return 2
+    return asyncio.run(_serve_async(cfg))
+
+
+async def _serve_async(cfg) -> int:
+    from pipeline.engines import load_engines, warm_up
+    from server.app import VoxpipeServer
+
+    log = logging.getLogger("voxpipe")
+    log.info("loading models (the first start converts the LLM once; later starts are fast)")
+    engines = await asyncio.to_thread(load_engines, cfg)
+    app = VoxpipeServer(engines, cfg)
+    server = await app.serve()
+    await warm_up(engines)
+    app.ready = True
+    host, port = cfg.server.host, cfg.server.port
+    log.info("voxpipe ready: ws://%s:%d/ws  web demo: http://%s:%d/", host, port, host, port)
+    print(f"voxpipe ready on ws://{host}:{port}/ws (web demo http://{host}:{port}/)", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    server.close()
+    await server.wait_closed()
+    engines.stop()
+    return 0
+
+
+def _ask(args) -> int:
+    from clients.client import ServerUnavailable, ask, save_reply
+
+    try:
+        live = None if args.json else (lambda p: print(f"  ... {p['text']}", flush=True))
+        res = asyncio.run(ask(args.audio, url=args.url, fast=args.fast, timeout_s=args.timeout,
+                              language=args.language, on_partial=live))
+    except ServerUnavailable as exc:
+        print(f"voxpipe ask: {exc}", file=sys.stderr)
+        return 3
+    except TimeoutError:
+        print(f"voxpipe ask: no reply within {args.timeout:.0f} s", file=sys.stderr)
+        return 4
+    except (OSError, RuntimeError) as exc:
+        print(f"voxpipe ask: {exc}", file=sys.stderr)
+        return 1
+    if res.reply_audio and args.out:
+        save_reply(res, args.out)
+    if args.json:
+        print(json.dumps(res.as_json()))
+    else:
+        print(f"you said:   {res.transcript or '(nothing)'}")
+        why = f" (turn.empty: {res.empty_reason})" if res.empty_reason and not res.reply_text else ""
+        print(f"voxpipe:    {res.reply_text or '(no reply)'}{why}")
+        if res.reply_audio:
+            print(f"reply audio {res.as_json()['reply_audio_s']:.2f} s -> {args.out}")
+        print("timings ms: " + ", ".join(f"{k}={v}" for k, v in res.timings_ms.items()))
+    for err in res.errors:
+        print(f"server error {err.get('code')}: {err.get('message')}", file=sys.stderr)
+    return 0 if not any(e.get("fatal") for e in res.errors) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Clients of the voxpipe WebSocket protocol: the Python client behind ``voxpipe ask``, and the microphone CLI."""

@@ -1,0 +1,155 @@
+"""Drive one session's :class:`~pipeline.asr.stream.StreamingTranscript` against the
+shared ASR engine (asyncio side; the model runs in the engine's worker thread).
+
+At most one request per session is in flight: the next update is sent once the last one
+is answered and ``min_chunk_ms`` of new audio has arrived, so a slow engine makes a
+session's updates less frequent instead of piling up requests. Audio that arrived faster
+than it was decoded (a burst) is caught up on with updates back to back, and the final
+decode waits until all of it has been worked through: no audio of a turn is skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+import numpy as np
+
+from pipeline.asr.stream import StreamingTranscript
+from pipeline.asr.types import Partial
+from pipeline.config import AsrConfig
+from pipeline.worker import Busy
+
+logger = logging.getLogger(__name__)
+
+class AsrTurn:
+    """Streaming ASR for one turn of one session.
+
+    Args:
+        engine: the shared :class:`~pipeline.asr.engine.AsrEngine` (anything with ``run``).
+        cfg: streaming settings.
+        language: ISO code or None (detect).
+        on_partial: awaited with each new :class:`Partial` that has words.
+        spawn: starts a task the session owns (cancelled when the session closes).
+    """
+
+    def __init__(self, engine, cfg: AsrConfig, *, language: str | None,
+                 on_partial: Callable[[Partial], Awaitable[None]],
+                 spawn: Callable[..., asyncio.Task]) -> None:
+        self.engine, self.on_partial, self._spawn = engine, on_partial, spawn
+        self.stream = StreamingTranscript(cfg, language=language)
+        self.open = True
+        self.updates = 0
+        self.decode_ms = 0.0  # model time of this turn's decodes (ms; a batch's time counts whole)
+        self.last_decode_ms = 0.0
+        self._task: asyncio.Task | None = None
+
+    def feed(self, samples: np.ndarray) -> None:
+        """Add 16 kHz float32 samples; starts an update when one is due."""
+        self.stream.feed(samples)
+        self._kick()
+
+    def _kick(self) -> None:
+        if self.open and (self._task is None or self._task.done()) and self.stream.due():
+            self._task = self._spawn(self._update())
+
+    async def _update(self) -> None:
+        try:
+            part = await self._decode(final=False)
+        except Busy:
+            return  # the engine is saturated: try again with more audio
+        except Exception:
+            logger.exception("partial transcription failed")
+            return
+        finally:
+            self._task = None
+        self.updates += 1
+        if part.text and self.open:
+            await self.on_partial(part)
+        self._kick()  # audio is left over (it came faster than it was decoded): go on
+
+    async def _decode(self, *, final: bool) -> Partial:
+        req = self.stream.request(final=final)
+        try:
+            result = await self.engine.run(req)
+        except BaseException:
+            self.stream.cancel()
+            raise
+        self.last_decode_ms = result.decode_ms
+        self.decode_ms += result.decode_ms
+        logger.debug("asr update: %.1f s buffer, %.0f ms, batch %d, window %.0f s, %r%s",
+                     len(req.audio) / 16000, result.decode_ms, result.batch, result.window_s, result.text,
+                     f" (dropped: {result.dropped})" if result.dropped else "")
+        return self.stream.apply(result)
+
+    def end_input(self, *, drop_tail: int = 0) -> None:
+        """The turn's speech is over: take no more audio and drop the last ``drop_tail``
+        samples (the silence that ended it)."""
+        self.open = False
+        self.stream.drop_tail(drop_tail)
+
+    async def finish(self) -> Partial:
+        """Decode the rest of the buffer and commit everything (after :meth:`end_input`).
+        An update still in flight is dropped: if it has not reached the model yet, the
+        final decode takes its place in the next batch.
+
+        Raises:
+            Busy: the engine queue is full.
+            Exception: the decode failed.
+        """
+        self.open = False
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        while not self.stream.fits_final():  # the buffer is behind: catch up first
+            reached, cut = self.stream.decoded_s, self.stream.trimmed_s
+            await self._decode(final=False)
+            # progress: the request reached further, or the buffer was cut (a full
+            # 27 s window then moves on by the cut, though it reaches no further yet)
+            if self.stream.decoded_s <= reached and self.stream.trimmed_s <= cut:
+                logger.warning("asr: no progress catching up (%.1f s buffered)", self.stream.buffer_s)
+                break
+        return await self._decode(final=True)
+
+    async def peek_final(self, *, drop_tail: int = 0) -> tuple[Partial, object, object]:
+        """Speculative final transcript (the speech paused; the turn may be ending):
+        decode the whole buffer but its last ``drop_tail`` samples (the silence after
+        the speech, as :meth:`end_input` will drop) without committing. Partial updates stop until
+        :meth:`reopen`. Returns ``(partial, request, result)``; pass the last two to
+        :meth:`commit_final` if the turn does end here.
+
+        Raises:
+            ValueError: the buffer is longer than one decode window (no speculation).
+            Busy, Exception: as :meth:`finish`.
+        """
+        self.open = False
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        if not self.stream.fits_final():
+            raise ValueError("buffer longer than one window")
+        req = self.stream.peek_request(drop_tail=drop_tail)
+        result = await self.engine.run(req)
+        logger.debug("asr peek: %.1f s buffer, prefix %r, %.0f ms, %r", len(req.audio) / 16000, req.prefix,
+                     result.decode_ms, result.text)
+        self.last_decode_ms = result.decode_ms
+        self.decode_ms += result.decode_ms
+        return self.stream.preview(result), req, result
+
+    def commit_final(self, req, result) -> Partial:
+        """The turn ended right where :meth:`peek_final` decoded it: its result is final."""
+        self.open = False
+        return self.stream.commit_final(req, result)
+
+    def reopen(self) -> None:
+        """Speech resumed: continue this turn (its committed words stay)."""
+        self.open = True
+
+    def close(self) -> None:
+        """Stop: cancel the update in flight."""
+        self.open = False
+        if self._task is not None:
+            self._task.cancel()

@@ -1,0 +1,150 @@
+"""Load the chat LLM with transformers: GGUF → safetensors cache folder → model.
+
+transformers dequantizes GGUF on every load (24 s for SmolLM2, 64 s for Qwen 0.5B on
+this CPU, DESIGN.md §3), so the first load converts once into
+``$VOXPIPE_CACHE/llm/<name>`` and later loads read that folder (under 2 s).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeline import model_files
+
+logger = logging.getLogger(__name__)
+
+_CONVERT_LOCK = threading.Lock()
+
+LLM_CHOICES = ("qwen", "smollm2")
+"""Names accepted by ``--llm`` besides a local folder path."""
+
+
+@dataclass(slots=True)
+class LoadedLLM:
+    """A causal LM ready for decoding.
+
+    Attributes:
+        model: ``transformers`` causal LM in eval mode.
+        tokenizer: its tokenizer (with chat template).
+        name: short name (``qwen``, ``smollm2`` or the folder name).
+        device: ``torch.device`` the weights live on.
+        dtype: ``torch.dtype`` of the weights.
+    """
+
+    model: Any
+    tokenizer: Any
+    name: str
+    device: Any
+    dtype: Any
+
+
+def _gguf_for(name: str) -> Path:
+    if name == "smollm2":
+        return model_files.smollm2_gguf()
+    if name == "qwen":
+        return model_files.qwen_gguf()
+    raise ValueError(f"unknown LLM {name!r}: use one of {LLM_CHOICES} or a local folder")
+
+
+def _convert(gguf: Path, dest: Path) -> None:
+    """Dequantize ``gguf`` with transformers and save a safetensors folder at ``dest``."""
+    import torch
+    from tqdm import tqdm
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    steps = tqdm(total=3, desc=f"converting {gguf.name} (once)", unit="step")
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    steps.update()
+    model = AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, dtype=torch.bfloat16
+    )
+    steps.update()
+    # The weights are plain bf16 tensors now; forget the GGUF "quantizer" so that
+    # save_pretrained writes an ordinary safetensors checkpoint.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.is_quantized = False
+    tmp = dest.with_name(dest.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(str(tmp))
+    tok.save_pretrained(str(tmp))
+    tmp.replace(dest)
+    steps.update()
+    steps.close()
+
+
+def llm_folder(name: str) -> Path:
+    """Return a safetensors folder for ``name``, converting from GGUF on first use.
+
+    Args:
+        name: ``qwen``, ``smollm2``, or a path to a local transformers model folder.
+
+    Raises:
+        ValueError: unknown name, or a GGUF that fails its hash check.
+        ModelNotInstalled: the model package is not installed.
+    """
+    if os.path.isdir(name):
+        return Path(name)
+    dest = model_files.cache_dir() / "llm" / name
+    with _CONVERT_LOCK:
+        if not (dest / "config.json").exists():
+            gguf = _gguf_for(name)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            logger.info("converting %s into %s (once)", gguf, dest)
+            _convert(gguf, dest)
+    return dest
+
+
+DEVICES = ("auto", "cpu", "cpu-fp32", "cpu-int8", "cuda")
+"""``--device`` choices: ``cpu`` is bf16; ``cpu-int8`` is int8 dynamic quantization of
+the linear layers (``torch.ao.quantization.quantize_dynamic``, fp32 activations)."""
+
+
+def pick_device(device: str = "auto") -> tuple[Any, Any]:
+    """(device, dtype): CUDA bf16 when available, else CPU bf16 when the CPU runs bf16
+    natively (oneDNN AVX-512 BF16 / AMX), else CPU fp32; ``cpu`` is always bf16;
+    ``cpu-fp32`` and ``cpu-int8`` load fp32 weights (int8 is applied after loading)."""
+    import torch
+
+    if device == "auto":
+        from pipeline.llm.runner.cpu_linear import packing_supported
+
+        device = "cuda" if torch.cuda.is_available() else "cpu" if packing_supported() else "cpu-fp32"
+    if device in ("cpu-fp32", "cpu-int8"):
+        return torch.device("cpu"), torch.float32
+    return torch.device(device), torch.bfloat16
+
+
+def load_llm(name: str, *, device: str = "auto", threads: int | None = None) -> LoadedLLM:
+    """Load the chat model ``name`` (see :func:`llm_folder`) for inference.
+
+    Args:
+        name: ``qwen``, ``smollm2`` or a local folder.
+        device: one of :data:`DEVICES` or ``cuda:N``.
+        threads: torch intra-op threads on CPU (DESIGN.md: give each engine a budget).
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if threads:
+        torch.set_num_threads(threads)
+    folder = llm_folder(name)
+    dev, dtype = pick_device(device)
+    tok = AutoTokenizer.from_pretrained(str(folder))
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype).to(dev).eval()
+    if device == "cpu-int8":
+        model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+        dtype = torch.qint8
+    elif dev.type == "cpu" and dtype == torch.bfloat16:
+        from pipeline.llm.runner.cpu_linear import pack_linears
+
+        logger.info("pre-packed %d bf16 linear layers for oneDNN", pack_linears(model))
+    short = name if name in LLM_CHOICES else folder.name
+    return LoadedLLM(model=model, tokenizer=tok, name=short, device=dev, dtype=dtype)

@@ -1,0 +1,343 @@
+"""Model runner: executes scheduler plans over one left-padded, batched KV cache.
+
+The decoding batch is a :class:`~pipeline.llm.runner.batch_kv.BatchKV`: per-layer key/value buffers
+in slots (one request per slot, left-padded to a common T, written in place), an attention
+mask (slots, T) that is 0 on padding, and per slot the next position id and the last
+sampled token. Each row keeps its own position ids, so a request's tokens are the same as
+when it runs alone (tested token-for-token with a tiny fp32 model).
+
+Prefill is chunked and batched: every prompt chunk planned for a step (several joining
+requests, each resuming where its previous chunk stopped) runs in one padded forward
+over the rows' own past KV. A row whose prompt is not finished keeps its KV aside
+(``_partial``); a finished one samples its first token and is appended to the batch.
+A request's shared prefix (``SchedRequest.prefix_len``: the system prompt, the same for
+every chat request) is computed once and then copied from a small LRU prefix cache, so a
+joining request prefills only its own tokens. After a padded prefill a row's KV is
+compacted (real columns to the right, in order: RoPE is already applied, so a column may
+move) before it takes a slot; a leaving request frees its slot.
+
+A step with both decoding rows and prompt chunks runs as ONE forward (:meth:`ModelRunner._mixed`,
+vLLM-style mixed batch): every new token in one flat sequence for the linear layers,
+attention per segment (:mod:`pipeline.llm.runner.mixed_attention`). On this CPU a forward costs about
+one pass over the weights whatever the batch, so a separate prefill forward would cost
+every running request a whole extra step per join.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import torch
+
+from pipeline.llm.runner.batch_kv import BatchKV
+from pipeline.llm.runner.kv_rows import RowsKV
+from pipeline.llm.runner.mixed_attention import MixedCache, use_mixed_attention
+from pipeline.llm.types import SamplingParams, SchedRequest, StepPlan
+
+
+@dataclass(slots=True)
+class _Row:
+    rid: int
+    params: SamplingParams
+    gen: torch.Generator | None = field(default=None)
+
+
+class ModelRunner:
+    """Runs :class:`StepPlan` s on a causal LM; returns one sampled token per row.
+
+    Args:
+        model: a transformers causal LM (eval mode).
+        device: its ``torch.device``.
+        pad_id: token id used for padding (its embeddings are masked out).
+        prefix_cache_size: shared prompt prefixes whose KV is kept (0 disables).
+        mixed: run the prefill chunks in the same forward as the decoding rows
+            (:meth:`_mixed`); False runs them as a second, padded forward.
+    """
+
+    MIN_PREFIX = 8
+    """Shorter shared prefixes are not worth a cache entry."""
+
+    BUCKET = 8
+    """Prefill and mixed steps run a token count rounded up to a multiple of this (padding,
+    masked or discarded): oneDNN compiles a kernel per linear-layer shape and token count and
+    caches a bounded number (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``), so fewer distinct counts
+    mean cache hits instead of recompiling, and bounded memory."""
+
+    def __init__(self, model, device, pad_id: int, *, prefix_cache_size: int = 8, mixed: bool = True) -> None:
+        self.model, self.device, self.pad_id = model, device, pad_id
+        self.slots: list[_Row | None] = []  # per batch slot: its request, None = free
+        self.batch: BatchKV | None = None
+        self.pos: torch.Tensor | None = None  # (slots,) long: next position id
+        self.last: torch.Tensor | None = None  # (slots,) long: last sampled token
+        self.params: dict[int, SamplingParams] = {}
+        self.prefix_cache_size = prefix_cache_size
+        self.prefixes: OrderedDict[tuple[int, ...], RowsKV] = OrderedDict()
+        self.prefix_hits = 0
+        self._partial: dict[int, RowsKV] = {}  # rid -> KV of a prompt prefilled so far
+        self.mixed = mixed and use_mixed_attention(model)
+
+    @property
+    def batch_size(self) -> int:
+        """Requests decoding in the batch (live slots)."""
+        return sum(r is not None for r in self.slots)
+
+    @property
+    def kv_columns(self) -> int:
+        """Padded KV length T of the batch (tokens)."""
+        return 0 if self.batch is None else self.batch.columns
+
+    @property
+    def cache(self):
+        """The batch's transformers cache (None when no request is decoding)."""
+        return None if self.batch is None else self.batch.cache
+
+    def reset(self) -> None:
+        """Drop every row and the KV cache (after a failed step)."""
+        self.reset_batch()
+        self.params.clear()
+        self._partial.clear()
+
+    def set_params(self, rid: int, params: SamplingParams) -> None:
+        """Sampling parameters of a request before it is prefilled."""
+        self.params[rid] = params
+
+    def execute(self, plan: StepPlan) -> dict[int, int]:
+        """Evict, decode the running rows one token, prefill the planned prompt chunks.
+
+        Returns ``rid -> sampled token id`` for every decoded request and every request
+        whose prompt is now fully prefilled.
+        """
+        out: dict[int, int] = {}
+        with torch.inference_mode():
+            if plan.evict:
+                self._evict(set(plan.evict))
+            live = sorted(r.rid for r in self.slots if r is not None)
+            if live != sorted(r.rid for r in plan.decode):
+                raise RuntimeError(f"runner rows {live} do not match the plan {[r.rid for r in plan.decode]}")
+            if plan.decode and plan.prefill and self.mixed:
+                out.update(self._mixed(plan.prefill, plan.spans))
+            else:
+                if plan.decode:
+                    out.update(self._sample_slots(self._decode()))
+                if plan.prefill:
+                    out.update(self._prefill(plan.prefill, plan.spans))
+            if self.slots:
+                self.last = torch.tensor([self.pad_id if r is None else out[r.rid] for r in self.slots],
+                                         device=self.device)
+        return out
+
+    # ---- steps -----------------------------------------------------------------------
+
+    def _decode(self) -> torch.Tensor:
+        """One token for every slot; returns logits (slots, vocab)."""
+        attn = self.batch.open_column()
+        res = self.model(input_ids=self.last[:, None], attention_mask=attn, position_ids=self.pos[:, None],
+                         cache=self.batch.cache, use_cache=True, logits_to_keep=1)
+        self.batch.close_column()
+        self.pos = self.pos + 1
+        return res.logits[:, -1]
+
+    def _sample_slots(self, logits: torch.Tensor) -> dict[int, int]:
+        """Sample the live slots' next tokens from their logits (slots, vocab)."""
+        live = [i for i, r in enumerate(self.slots) if r is not None]
+        rows = [self.slots[i] for i in live]
+        return dict(zip([r.rid for r in rows], self._sample(logits if len(live) == len(self.slots) else logits[live],
+                                                            rows)))
+
+    def _chunks(self, reqs: list[SchedRequest], spans: dict[int, tuple[int, int]]):
+        """Per planned chunk: its past KV (partial prompt or cached prefix), the first and
+        end token to compute, and whether it starts the prompt (a prefix to remember)."""
+        pasts, starts, ends, fresh = [], [], [], []
+        for r in reqs:
+            start, end = spans[r.rid]
+            past = self._partial.pop(r.rid, None)
+            if past is None:
+                past, start = self._cached_prefix(r, end)
+            fresh.append(start == 0)
+            pasts.append(past)
+            starts.append(start)
+            ends.append(end)
+        return pasts, starts, ends, fresh
+
+    def _finish_chunks(self, reqs, ends, fresh, kv: RowsKV, logits: torch.Tensor) -> dict[int, int]:
+        """Keep unfinished prompts aside, remember new prefixes, sample and merge the rows
+        whose prompt is done. ``kv`` holds every chunk's row (compacted); ``logits`` their
+        last position."""
+        done = [i for i, (r, e) in enumerate(zip(reqs, ends)) if e >= len(r.prompt_ids)]
+        for i, r in enumerate(reqs):
+            if fresh[i] or i not in done:
+                row = kv.select([i]).trim()
+                if fresh[i]:
+                    self._remember_prefix(r, row)
+                if i not in done:
+                    self._partial[r.rid] = row
+        if not done:
+            return {}
+        rows = [_Row(reqs[i].rid, self.params.pop(reqs[i].rid, SamplingParams())) for i in done]
+        toks = self._sample(logits[done], rows)
+        self._merge(rows, kv.select(done).trim(), torch.tensor([len(reqs[i].prompt_ids) for i in done],
+                                                               device=self.device))
+        return {row.rid: t for row, t in zip(rows, toks)}
+
+    def _mixed(self, reqs: list[SchedRequest], spans: dict[int, tuple[int, int]]) -> dict[int, int]:
+        """Decode the running rows and prefill the planned chunks in ONE forward.
+
+        On a CPU a decode step costs about one pass over the weights whatever the batch,
+        so a separate prefill forward would cost the running rows a whole step. Here all
+        new tokens (one per running row, then each chunk) form one flat sequence of batch 1
+        for the linear layers; attention runs per segment (:mod:`pipeline.llm.runner.mixed_attention`):
+        each row over its own past, each chunk over its past and itself.
+        """
+        pasts, starts, ends, fresh = self._chunks(reqs, spans)
+        b = len(self.slots)
+        lens = [e - s for s, e in zip(starts, ends)]
+        dev = self.device
+        ids = torch.cat([self.last, torch.tensor([x for r, s, e in zip(reqs, starts, ends)
+                                                  for x in r.prompt_ids[s:e]], device=dev)])
+        pos = torch.cat([self.pos] + [torch.arange(s, e, device=dev) for s, e in zip(starts, ends)])
+        pad = -len(ids) % self.BUCKET  # a dummy segment rounds the step's length up (outputs unused)
+        ids = torch.cat([ids, torch.full((pad,), self.pad_id, device=dev)])
+        pos = torch.cat([pos, torch.arange(pad, device=dev)])
+        cache = MixedCache(self.batch.cache, self.batch.open_column(), pasts + [RowsKV.empty()] * bool(pad),
+                           lens + [pad] * bool(pad))
+        last = torch.tensor([b - 1 + sum(lens[: j + 1]) for j in range(len(reqs))], device=dev)
+        keep = torch.cat([torch.arange(b, device=dev), last])
+        res = self.model(input_ids=ids[None], attention_mask=_NO_MASK, position_ids=pos[None],
+                         cache=cache, use_cache=True, logits_to_keep=keep, voxpipe_mixed=cache)
+        self.batch.close_column()
+        self.pos = self.pos + 1
+        logits = res.logits[0]
+        out = self._sample_slots(logits[:b])
+        offs = [sum(lens[:j]) for j in range(len(reqs))]
+        rows = [RowsKV([torch.cat([p.keys[i], k[:, :, o : o + n]], dim=2) if p.keys else k[:, :, o : o + n]
+                     for i, k in enumerate(cache.new_keys)],
+                    [torch.cat([p.values[i], v[:, :, o : o + n]], dim=2) if p.values else v[:, :, o : o + n]
+                     for i, v in enumerate(cache.new_values)],
+                    torch.ones((1, p.columns + n), dtype=torch.long, device=dev))
+                for p, o, n in zip(pasts, offs, lens)]
+        out.update(self._finish_chunks(reqs, ends, fresh, RowsKV.cat(rows), logits[b:]))
+        return out
+
+    def _prefill(self, reqs: list[SchedRequest], spans: dict[int, tuple[int, int]]) -> dict[int, int]:
+        """One padded forward over every planned chunk. Row i's columns are
+        [padding][its past KV][padding][its chunk]: each row sees only its own tokens."""
+        from transformers import DynamicCache
+
+        pasts, starts, ends, fresh = self._chunks(reqs, spans)
+        past = RowsKV.cat(pasts)
+        n, tp = len(reqs), past.columns
+        c = max(e - s for s, e in zip(starts, ends))
+        c += -c % self.BUCKET  # left padding up to the bucket: fewer distinct shapes
+        ids = torch.full((n, c), self.pad_id, dtype=torch.long)
+        chunk = torch.zeros((n, c), dtype=torch.long)
+        pos = torch.zeros((n, c), dtype=torch.long)
+        for i, (r, s, e) in enumerate(zip(reqs, starts, ends)):
+            ids[i, c - (e - s) :] = torch.tensor(r.prompt_ids[s:e])
+            pos[i, c - (e - s) :] = torch.arange(s, e)
+            chunk[i, c - (e - s) :] = 1
+        ids, pos = ids.to(self.device), pos.to(self.device)
+        attn = torch.cat([past.attn, chunk.to(self.device)], dim=1)
+        cache = DynamicCache(ddp_cache_data=list(zip(past.keys, past.values)) if tp else None,
+                             config=self.model.config)
+        res = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, cache=cache, use_cache=True,
+                         logits_to_keep=1)
+        kv = RowsKV([layer.keys for layer in cache.layers], [layer.values for layer in cache.layers], attn)
+        return self._finish_chunks(reqs, ends, fresh, kv.zero_padding().compact(), res.logits[:, -1])
+
+    # ---- prefix cache ------------------------------------------------------------------
+
+    def _cached_prefix(self, req: SchedRequest, end: int) -> tuple[RowsKV, int]:
+        """(past KV, first token to compute) for a request's first chunk."""
+        n = req.prefix_len
+        if n >= self.MIN_PREFIX and n < end and self.prefix_cache_size:
+            hit = self.prefixes.get(tuple(req.prompt_ids[:n]))
+            if hit is not None:
+                self.prefixes.move_to_end(tuple(req.prompt_ids[:n]))
+                self.prefix_hits += 1
+                return hit, n
+        return RowsKV.empty(), 0
+
+    def _remember_prefix(self, req: SchedRequest, row: RowsKV) -> None:
+        n = req.prefix_len
+        key = tuple(req.prompt_ids[:n])
+        if n < self.MIN_PREFIX or not self.prefix_cache_size or row.columns < n or key in self.prefixes:
+            return
+        t = row.columns - int(row.attn.sum())  # leading padding of this compacted row
+        self.prefixes[key] = row.slice_columns(t, t + n)
+        while len(self.prefixes) > self.prefix_cache_size:
+            self.prefixes.popitem(last=False)
+
+    # ---- batch bookkeeping -------------------------------------------------------------
+
+    def _merge(self, rows: list[_Row], new: RowsKV, pos: torch.Tensor) -> None:
+        """Put the rows of ``new`` (prompts just prefilled) into free or new slots."""
+        if self.batch is None:
+            self.batch, self.slots, self.pos = BatchKV(new, self.model.config), list(rows), pos
+            return
+        free = [i for i, r in enumerate(self.slots) if r is None]
+        taken = []
+        for row in rows:
+            i = free.pop(0) if free else len(self.slots)
+            if i == len(self.slots):
+                self.slots.append(None)
+            self.slots[i] = row
+            taken.append(i)
+        self.batch.put(taken, new)
+        grown = torch.zeros(len(self.slots), dtype=self.pos.dtype, device=self.device)
+        grown[: len(self.pos)] = self.pos
+        grown[taken] = pos
+        self.pos = grown
+
+    def _evict(self, rids: set[int]) -> None:
+        for rid in rids:
+            self.params.pop(rid, None)
+            self._partial.pop(rid, None)
+        gone = [i for i, r in enumerate(self.slots) if r is not None and r.rid in rids]
+        if not gone:
+            return
+        for i in gone:
+            self.slots[i] = None
+        live = [i for i, r in enumerate(self.slots) if r is not None]
+        if not live:
+            self.reset_batch()
+            return
+        if 2 * len(live) <= len(self.slots):  # mostly free slots: stop decoding them
+            order = self.batch.compact(live)
+            self.slots = [self.slots[i] for i in order]
+            self.pos, self.last = self.pos[order], self.last[order]
+            live = list(range(len(order)))
+        self.batch.trim(live)
+
+    def reset_batch(self) -> None:
+        """Drop the decoding batch (every slot free)."""
+        self.slots, self.batch, self.pos, self.last = [], None, None, None
+
+    def _sample(self, logits: torch.Tensor, rows: list[_Row]) -> list[int]:
+        """Next token per row from logits (rows, vocab) in the model's dtype: greedy argmax,
+        else sampled, both in fp32 (a bf16 argmax measured 2× slower on this CPU)."""
+        logits = logits.float()
+        toks = torch.argmax(logits, dim=-1).tolist()
+        for i, row in enumerate(rows):
+            p = row.params
+            if p.temperature > 0:
+                if row.gen is None:
+                    row.gen = torch.Generator(device="cpu").manual_seed(p.seed)
+                toks[i] = _sample_row(logits[i].cpu(), p, row.gen)
+        return toks
+
+
+_NO_MASK = torch.ones((1, 1, 1, 1), dtype=torch.bool)
+"""A mixed forward's attention masks are built per segment (:class:`MixedCache`); the model
+is handed this ready-made 4-D mask so that it builds none of its own."""
+
+
+def _sample_row(logits: torch.Tensor, p: SamplingParams, gen: torch.Generator) -> int:
+    probs = torch.softmax(logits / p.temperature, dim=-1)
+    if p.top_p < 1.0:
+        sorted_p, idx = torch.sort(probs, descending=True)
+        keep = (torch.cumsum(sorted_p, 0) - sorted_p) < p.top_p
+        keep[0] = True  # the most likely token always stays (top_p → 0 is greedy, never 0/0)
+        sorted_p = sorted_p * keep
+        return int(idx[torch.multinomial(sorted_p / sorted_p.sum(), 1, generator=gen)])
+    return int(torch.multinomial(probs, 1, generator=gen))

@@ -1,0 +1,147 @@
+"""Iteration-level (continuous) batching scheduler: pure bookkeeping, no tensors.
+
+Modelled on vLLM v1's scheduler (vllm/v1/core/sched/scheduler.py): ``add`` and
+``abort`` change request states, ``schedule()`` returns a :class:`StepPlan` saying which
+requests join (prefill), keep decoding, or leave the batch at this token step, and
+``update(plan, outputs)`` records the sampled tokens and finishes requests. The model
+runner executes plans; one small engine loop glues the two (see ``pipeline.llm.engine``).
+
+Prefill is chunked (vLLM's chunked prefill): each step prefills at most
+``max_prefill_tokens`` prompt tokens over all joining requests, so a huge prompt is
+spread over several steps while the running requests keep decoding one token per step.
+A request whose prompt is only partly prefilled holds a batch slot but does not decode.
+The prefill budget goes to the shortest remaining prompts first (SRPT, which minimises
+mean time to first token), so a voice turn's short prompt is not stuck behind long ones.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+
+from pipeline.config import SchedulerConfig
+from pipeline.llm.types import SchedRequest, State, StepPlan
+
+
+class Scheduler:
+    """Decides, at every token step, who runs (see module docstring).
+
+    ``running`` are the decoding requests, in the model runner's row order;
+    ``prefilling`` hold a slot while their prompt is prefilled chunk by chunk.
+    """
+
+    def __init__(self, cfg: SchedulerConfig) -> None:
+        self.cfg = cfg
+        self.waiting: deque[SchedRequest] = deque()
+        self.running: list[SchedRequest] = []
+        self.prefilling: list[SchedRequest] = []
+        self._leaving: list[int] = []  # rows to evict at the next step
+        self.requests: dict[int, SchedRequest] = {}
+
+    def add(self, req: SchedRequest) -> None:
+        """Queue a new request."""
+        self.requests[req.rid] = req
+        self.waiting.append(req)
+
+    def abort(self, rid: int) -> SchedRequest | None:
+        """Abort a request; a running one leaves the batch at the next step."""
+        return self.finish(rid, "abort")
+
+    def finish(self, rid: int, reason: str) -> SchedRequest | None:
+        """Finish a request from outside (abort, stop string); idempotent."""
+        req = self.requests.pop(rid, None)
+        if req is None:
+            return None
+        if req.state is State.WAITING:
+            self.waiting.remove(req)
+        elif req.state is State.RUNNING:
+            (self.running if req in self.running else self.prefilling).remove(req)
+            self._leaving.append(rid)
+        req.state, req.finish_reason = State.FINISHED, reason
+        return req
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self.prefilling or self._leaving)
+
+    def schedule(self, now: float | None = None) -> StepPlan:
+        """Plan the next step (see :class:`StepPlan`).
+
+        Waiting requests take free batch slots in arrival order (within the KV budget);
+        then the step's prefill budget goes to the prompts with the fewest tokens left
+        first (shortest remaining prefill first, ties by arrival), so a short request
+        that arrives while long prompts are being prefilled is not queued behind them:
+        it gets its whole prompt in the next step, and the long prompts the rest.
+        """
+        now = time.monotonic() if now is None else now
+        c = self.cfg
+        plan = StepPlan(decode=list(self.running), evict=self._leaving)
+        self._leaving = []
+        if self.waiting and not (c.static and (self.running or self.prefilling)):
+            self._admit(plan, now)
+        budget = c.max_prefill_tokens
+        for req in sorted(self.prefilling, key=lambda r: (len(r.prompt_ids) - r.num_computed, r.arrival)):
+            if budget <= 0:
+                break
+            budget -= self._chunk(plan, req, budget)
+        return plan
+
+    def _admit(self, plan: StepPlan, now: float) -> None:
+        """Move waiting requests into free slots (state RUNNING, in ``prefilling``)."""
+        c = self.cfg
+        if not self.running and not self.prefilling and len(self.waiting) < c.max_batch_size:
+            waited = now - self.waiting[0].arrival
+            if waited * 1000 < c.max_wait_ms:  # hold a lone request briefly for company
+                plan.wait_s = c.max_wait_ms / 1000 - waited
+                return
+        kv = sum(r.kv_tokens for r in self.running) + sum(r.kv_tokens for r in self.prefilling)
+        while self.waiting and len(self.running) + len(self.prefilling) < c.max_batch_size:
+            req = self.waiting[0]
+            if (self.running or self.prefilling) and kv + req.kv_tokens > c.max_kv_tokens:
+                break  # it joins when memory frees up (a lone request always runs)
+            self.waiting.popleft()
+            req.state = State.RUNNING
+            self.prefilling.append(req)
+            kv += req.kv_tokens
+
+    def _chunk(self, plan: StepPlan, req: SchedRequest, budget: int) -> int:
+        n = min(budget, len(req.prompt_ids) - req.num_computed, self._attention_cap(req.num_computed))
+        if n > 0:
+            plan.prefill.append(req)
+            plan.spans[req.rid] = (req.num_computed, req.num_computed + n)
+        return max(n, 0)
+
+    def _attention_cap(self, past: int) -> int:
+        """Most tokens a chunk after ``past`` prompt tokens may have: n × (past + n) within
+        ``max_prefill_attention``, at least 16 (so a prompt always progresses)."""
+        a = self.cfg.max_prefill_attention
+        return max(16, int((math.sqrt(past * past + 4 * a) - past) / 2))
+
+    def update(self, plan: StepPlan, outputs: dict[int, int]) -> list[tuple[SchedRequest, int | None]]:
+        """Record the prefilled chunks and the sampled tokens (``rid -> token id``).
+
+        Returns ``(request, token)`` pairs in plan order; ``token`` is None when the
+        token was an end-of-sequence id. A request whose prompt is now fully prefilled
+        joins ``running`` (in plan order, as the runner appends its row). Requests that
+        hit EOS or ``max_new_tokens`` are finished and leave the batch at the next step.
+        """
+        for req in plan.prefill:
+            if req.state is State.RUNNING:
+                req.num_computed = plan.spans[req.rid][1]
+                if req.num_computed >= len(req.prompt_ids):
+                    self.prefilling.remove(req)
+                    self.running.append(req)
+        out: list[tuple[SchedRequest, int | None]] = []
+        for req in plan.decode + plan.prefill:
+            if req.state is not State.RUNNING or req.rid not in outputs:
+                continue  # finished from outside during this step, or a partial prefill
+            tok = outputs[req.rid]
+            if tok in req.eos_ids:
+                self.finish(req.rid, "stop")
+                out.append((req, None))
+                continue
+            req.output_ids.append(tok)
+            out.append((req, tok))
+            if len(req.output_ids) >= req.max_new_tokens:
+                self.finish(req.rid, "length")
+        return out

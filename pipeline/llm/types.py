@@ -1,0 +1,115 @@
+"""Messages of the LLM stage: what a session asks for (:class:`GenRequest`), what it gets
+back (:class:`GenStats`), and what the scheduler hands the model runner
+(:class:`SchedRequest`, :class:`StepPlan`). No torch here."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class GenRequest:
+    """A chat completion request.
+
+    Attributes:
+        messages: chat messages ``[{"role": ..., "content": ...}]`` (system first).
+        max_new_tokens: most tokens to generate.
+        temperature: 0 = greedy (default); >0 samples.
+        top_p: nucleus sampling mass when sampling.
+        stop: strings that end the reply (not included in it).
+    """
+
+    messages: list[dict]
+    max_new_tokens: int = 96
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+    stop: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class GenStats:
+    """Per-request measurements: ``ttft_ms`` (submit → first token), ``tpot_ms`` (mean
+    time per output token after the first), ``prompt_tokens``, ``output_tokens``,
+    ``finish_reason`` (``stop`` | ``length`` | ``abort`` | ``error``)."""
+
+    ttft_ms: float = 0.0
+    tpot_ms: float = 0.0
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    finish_reason: str = ""
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    """Per-request sampling: ``temperature`` 0 = greedy; else temperature + top-p
+    (nucleus, Holtzman et al. 2020) with a per-request ``seed``."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+
+
+class State(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(slots=True, eq=False)
+class SchedRequest:
+    """One generation request as the scheduler sees it.
+
+    Attributes:
+        rid: unique id.
+        prompt_ids: prompt token ids.
+        max_new_tokens: most tokens to generate.
+        eos_ids: token ids that end the request (not part of the output).
+        arrival: ``time.monotonic()`` when added.
+        prefix_len: length of a prompt prefix shared with other requests (the system
+            prompt); the runner may take its KV from a prefix cache instead of computing it.
+        output_ids: generated tokens so far.
+        num_computed: prompt tokens already prefilled (chunked prefill).
+    """
+
+    rid: int
+    prompt_ids: list[int]
+    max_new_tokens: int
+    eos_ids: frozenset[int] = frozenset()
+    arrival: float = field(default_factory=time.monotonic)
+    prefix_len: int = 0
+    output_ids: list[int] = field(default_factory=list)
+    state: State = State.WAITING
+    finish_reason: str | None = None
+    num_computed: int = 0
+
+    @property
+    def kv_tokens(self) -> int:
+        """Worst-case KV-cache tokens this request can hold."""
+        return len(self.prompt_ids) + self.max_new_tokens
+
+
+@dataclass(slots=True)
+class StepPlan:
+    """What the model runner does in one step.
+
+    Attributes:
+        prefill: requests prefilling a chunk of their prompt (``spans``); those whose
+            chunk ends the prompt sample a first token and join the decoding batch.
+        spans: ``rid -> (start, end)`` prompt tokens each prefill request computes now.
+        decode: running requests that decode one token.
+        evict: ids of requests whose rows leave the batch before this step.
+        wait_s: when nothing is planned, how long the engine may sleep before asking again.
+    """
+
+    prefill: list[SchedRequest] = field(default_factory=list)
+    spans: dict[int, tuple[int, int]] = field(default_factory=dict)
+    decode: list[SchedRequest] = field(default_factory=list)
+    evict: list[int] = field(default_factory=list)
+    wait_s: float | None = None
+
+    @property
+    def empty(self) -> bool:
+        return not (self.prefill or self.decode or self.evict)

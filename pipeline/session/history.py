@@ -1,0 +1,87 @@
+"""Chat history kept under a token budget (sliding window; the system prompt stays)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+Counter = Callable[[list[dict]], int]
+
+
+class ChatHistory:
+    """The conversation of one session.
+
+    Args:
+        system_prompt: always the first message.
+
+    Turns are stored as (user, assistant) pairs; :meth:`prompt` drops the oldest pairs
+    until the prompt fits the budget (tokens counted by the caller's tokenizer), and
+    truncates the system prompt and the new user text when they alone do not fit.
+    """
+
+    def __init__(self, system_prompt: str) -> None:
+        self.system_prompt = system_prompt
+        self.turns: list[tuple[str, str]] = []
+
+    def add_turn(self, user: str, assistant: str) -> None:
+        """Record a finished (or interrupted: only what was spoken) exchange."""
+        self.turns.append((user, assistant))
+
+    def messages(self, user_text: str, turns: list[tuple[str, str]] | None = None, *,
+                 system: str | None = None) -> list[dict]:
+        """Chat messages: system, past turns, then ``user_text``."""
+        msgs = [{"role": "system", "content": self.system_prompt if system is None else system}]
+        for u, a in self.turns if turns is None else turns:
+            msgs.append({"role": "user", "content": u})
+            if a:
+                msgs.append({"role": "assistant", "content": a})
+        msgs.append({"role": "user", "content": user_text})
+        return msgs
+
+    def prompt(self, user_text: str, count_tokens: Counter, budget: int) -> list[dict]:
+        """Messages for the next request that never count more than ``budget`` tokens.
+
+        1. The oldest turns are dropped until the prompt fits; dropped turns are
+           forgotten for good, so each request costs one count per drop.
+        2. If the system prompt and ``user_text`` alone are over budget, they are cut
+           for this request only: a system prompt keeps its *beginning* (the
+           instructions) and may use up to half the budget, or more when the user text
+           is short; the user text keeps its *end* (the most recent words, which a
+           voice turn's reply should answer), starting at a word boundary when there is
+           one. ``count_tokens`` is then called O(log len) times (bisection on characters).
+        """
+        while self.turns and count_tokens(self.messages(user_text)) > budget:
+            self.turns.pop(0)
+        msgs = self.messages(user_text)
+        if count_tokens(msgs) <= budget:
+            return msgs
+        system = self.system_prompt
+        bare = count_tokens(self.messages("", system=""))  # template overhead
+        user_cost = count_tokens(self.messages(user_text, system="")) - bare
+        sys_limit = max(budget - user_cost, budget // 2)
+        if count_tokens(self.messages("", system=system)) > sys_limit:
+            fits = lambda k: count_tokens(self.messages("", system=system[:k])) <= sys_limit  # noqa: E731
+            system = system[: _longest(len(system), fits)]
+        fits = lambda k: count_tokens(self.messages(user_text[len(user_text) - k :], system=system)) <= budget  # noqa: E731
+        tail = user_text[len(user_text) - _longest(len(user_text), fits) :]
+        if tail == user_text:
+            return self.messages(tail, system=system)
+        msgs = self.messages(_word_start(tail), system=system)
+        return msgs if count_tokens(msgs) <= budget else self.messages(tail, system=system)
+
+
+def _longest(n: int, fits: Callable[[int], bool]) -> int:
+    """Largest k in [0, n] with ``fits(k)``, assuming ``fits(0)`` (bisection)."""
+    lo, hi = 0, n
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _word_start(tail: str, window: int = 32) -> str:
+    """Drop a leading partial word when a space is near (CJK text has none)."""
+    cut = tail.find(" ", 0, window)
+    return tail[cut + 1 :].lstrip() if cut >= 0 else tail

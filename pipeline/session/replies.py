@@ -1,0 +1,137 @@
+"""A session's replies: at most one current reply, started, promoted or cancelled.
+
+Each reply is a :class:`~pipeline.session.responder.Responder` running in a task the session
+owns. The current one is what ``response.cancel``, barge-in and a new turn cancel; a
+speculative reply (see :mod:`pipeline.session.speculation`) runs before it becomes current.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pipeline import metrics
+from pipeline.config import VoxpipeConfig
+from pipeline.engines import Engines
+from pipeline.session.history import ChatHistory
+from pipeline.session.responder import Responder
+from pipeline.session.turn_state import TurnState
+from pipeline.worker import Busy
+
+logger = logging.getLogger(__name__)
+
+CANCEL_WAIT_S = 2.0
+"""Longest wait for a cancelled reply to wind down before the session moves on (s)."""
+
+
+@dataclass(slots=True)
+class Reply:
+    """One reply: its responder and the task running it."""
+
+    responder: Responder
+    task: asyncio.Task | None = None
+
+    @property
+    def rid(self) -> int:
+        return self.responder.rid
+
+
+class Replies:
+    """The replies of one session.
+
+    Args:
+        engines, cfg, history: what a :class:`Responder` needs.
+        out: the session's outbox.
+        turn_state: told when a reply starts, becomes audible and ends.
+        spawn: starts a task the session owns (cancelled when it closes).
+        session_id: for logs.
+    """
+
+    def __init__(self, *, engines: Engines, cfg: VoxpipeConfig, out, history: ChatHistory,
+                 turn_state: TurnState, spawn: Callable[..., asyncio.Task], session_id: str) -> None:
+        self.engines, self.cfg, self.out, self.history = engines, cfg, out, history
+        self.turn_state, self._spawn, self.id = turn_state, spawn, session_id
+        self.output_rate = 24000  # reply audio rate (Hz), set by session.start
+        self.current: Reply | None = None
+        self._next_rid = 0
+
+    def busy(self) -> bool:
+        """True while the current reply runs."""
+        return self.current is not None and not self.current.task.done()
+
+    def new(self, *, out=None, release: asyncio.Event | None = None) -> Reply:
+        """A reply (not yet running nor current) that sends to ``out`` (default: the
+        session's outbox) and, if ``release`` is given, holds its audio until it is set."""
+        self._next_rid += 1
+        out = out or self.out
+
+        async def error(code: str, message: str) -> None:
+            metrics.ERRORS.labels(code).inc()
+            await out.event("error", code=code, message=message, fatal=False)
+
+        return Reply(Responder(rid=self._next_rid, engines=self.engines, cfg=self.cfg, out=out,
+                               history=self.history, output_rate=self.output_rate, error=error,
+                               on_audio_start=self.turn_state.audio_started, release=release))
+
+    def run(self, reply: Reply, user_text: str, *, t_end: float, asr_ms: float) -> None:
+        """Start ``reply``'s task."""
+        reply.task = self._spawn(self._run(reply, user_text, t_end, asr_ms))
+
+    async def begin(self, user_text: str, *, t_end: float, asr_ms: float) -> None:
+        """Cancel the current reply and answer ``user_text`` with a new current one."""
+        await self.cancel()
+        reply = self.new()
+        self.turn_state.reply_started()
+        self.run(reply, user_text, t_end=t_end, asr_ms=asr_ms)
+        self.current = reply
+
+    async def promote(self, reply: Reply) -> None:
+        """Make a reply that already runs (a confirmed speculation) the current one."""
+        await self.cancel()
+        self.current = reply
+        self.turn_state.reply_started()
+
+    def settle(self, reply: Reply) -> None:
+        """``reply`` ended: it is no longer current."""
+        if self.current is reply:
+            self.current = None
+            self.turn_state.reply_ended()
+
+    async def cancel(self, reason: str = "new_turn") -> None:
+        """Cancel the current reply, if it runs, and send ``response.cancelled``.
+        ``reason``: ``client`` (response.cancel), ``barge_in``, ``continued`` (the user
+        went on with the same turn), ``new_turn`` or ``restart`` (a new session.start)."""
+        reply, self.current = self.current, None
+        if reply is None or reply.task.done():
+            return
+        reply.task.cancel()
+        # Wait for the reply to wind down, but never let a stuck reply stall the session.
+        done, _ = await asyncio.wait({reply.task}, timeout=CANCEL_WAIT_S)
+        if not done:
+            logger.warning("session %s: reply %d did not stop within %.1f s", self.id, reply.rid, CANCEL_WAIT_S)
+            for frame in reply.task.get_stack():
+                logger.warning("  at %s:%d %s", frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
+        self.turn_state.reply_ended()
+        spoken = " ".join(reply.responder.spoken).strip()
+        await self.out.event("response.cancelled", response_id=reply.rid, spoken_text=spoken, reason=reason)
+
+    def stop(self) -> None:
+        """Session teardown: cancel the current reply's task, sending nothing."""
+        reply, self.current = self.current, None
+        if reply is not None and reply.task is not None:
+            reply.task.cancel()
+
+    async def _run(self, reply: Reply, user_text: str, t_end: float, asr_ms: float) -> None:
+        try:
+            await reply.responder.run(user_text, t_end=t_end, asr_ms=asr_ms)
+        except Busy as exc:
+            await reply.responder.error("busy", str(exc))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            logger.exception("session %s: reply failed", self.id)
+            await reply.responder.error("reply_failed", f"reply failed: {exc}")
+        finally:
+            self.settle(reply)

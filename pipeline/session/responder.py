@@ -1,0 +1,173 @@
+"""One assistant reply: LLM deltas → phrases → TTS → paced audio frames.
+
+A :class:`Responder` owns one response's tasks. Cancelling its task aborts the LLM
+request (the engine frees the batch slot at the next step), drops queued phrases and
+stops sending audio; :attr:`Responder.spoken` then holds only the phrases whose audio
+was sent for playback, which is what the conversation history keeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from audio.pcm import float_to_pcm16, resample
+from pipeline import metrics
+from pipeline.config import VoxpipeConfig
+from pipeline.engines import Engines
+from pipeline.llm.types import GenRequest
+from pipeline.session.history import ChatHistory
+from pipeline.tts.chunker import SentenceChunker, speakable
+
+logger = logging.getLogger(__name__)
+
+AUDIO_CHUNK_S = 0.2
+"""Reply audio is sent in binary frames of about this many seconds."""
+EMPTY_REPLY = "Sorry, I don't have an answer to that."
+"""Spoken when the LLM returns nothing speakable (CASES.md C13)."""
+
+
+class Responder:
+    """Produce and speak reply ``rid`` to ``user_text``.
+
+    Args:
+        rid: response id (goes into every event and audio frame).
+        engines: shared LLM and TTS stages.
+        cfg: configuration (``cfg.llm`` limits, ``cfg.tts.playback_lead_s`` pacing).
+        out: the session's outbox.
+        history: the session's chat history (read for the prompt, appended at the end).
+        output_rate: reply audio rate (Hz).
+        error: coroutine ``error(code, message)`` reporting to the client.
+        on_audio_start: called once, when the first audio frame is sent.
+        release: for a speculative reply (started before the turn surely ended): audio
+            waits until this event is set, and a reply cancelled before that leaves the
+            history alone. None: speak at once.
+    """
+
+    def __init__(self, *, rid: int, engines: Engines, cfg: VoxpipeConfig, out, history: ChatHistory,
+                 output_rate: int, error: Callable[[str, str], Awaitable[None]],
+                 on_audio_start: Callable[[], object] | None = None,
+                 release: asyncio.Event | None = None) -> None:
+        self.rid, self.engines, self.cfg, self.out = rid, engines, cfg, out
+        self.history, self.output_rate, self.error = history, output_rate, error
+        self.on_audio_start, self.release = on_audio_start, release
+        self.spoken: list[str] = []
+        self.timings: dict[str, float] = {}
+        self.audio_s = 0.0
+        self._phrases: asyncio.Queue[str | None] = asyncio.Queue()
+        self._t_play: float | None = None
+        self._t_first_token: float | None = None
+        self._t_first_phrase: float | None = None
+        self._t_release = 0.0  # when a speculative reply was confirmed (perf_counter s)
+
+    async def run(self, user_text: str, *, t_end: float, asr_ms: float) -> None:
+        """Generate, speak, and record the exchange; on cancel, record what was spoken."""
+        llm, cfg = self.engines.llm, self.cfg.llm
+        t0 = time.perf_counter()
+        await self.out.event("response.started", response_id=self.rid, user_text=user_text)
+        messages = await asyncio.to_thread(self.history.prompt, user_text, llm.count_tokens,
+                                           cfg.max_context_tokens - cfg.max_new_tokens)
+        asked = messages[-1]["content"]  # the user text as it fit the context budget
+        stream = llm.submit(GenRequest(messages=messages, max_new_tokens=cfg.max_new_tokens))  # may raise Busy
+        speaker = asyncio.create_task(self._speak(t0, t_end))
+        try:
+            text, fallback = await self._generate(stream)
+            await speaker
+            await self._released()
+        except BaseException:
+            stream.abort()
+            speaker.cancel()
+            await asyncio.gather(speaker, return_exceptions=True)
+            if self.release is None or self.release.is_set():  # a discarded speculation leaves no trace
+                self.history.add_turn(asked, " ".join(self.spoken))
+            raise
+        st = stream.stats
+        metrics.LLM_TTFT.observe(st.ttft_ms / 1000)
+        if st.tpot_ms:
+            metrics.LLM_TPOT.observe(st.tpot_ms / 1000)
+        self.history.add_turn(asked, text)
+        timings = {"asr": round(asr_ms, 1), "llm_ttft": round(st.ttft_ms, 1), "llm_tpot": round(st.tpot_ms, 1),
+                   **self.timings}
+        await self.out.event("response.done", response_id=self.rid, text=text, fallback=fallback,
+                             finish_reason=st.finish_reason, output_tokens=st.output_tokens,
+                             audio_s=round(self.audio_s, 3), timings_ms=timings)
+
+    async def _generate(self, stream) -> tuple[str, bool]:
+        chunker = SentenceChunker()
+        text = ""
+        async for delta in stream:
+            if self._t_first_token is None:
+                self._t_first_token = time.perf_counter()
+            text += delta
+            await self.out.event("response.text.delta", response_id=self.rid, delta=delta)
+            for phrase in chunker.push(delta):
+                self._queue_phrase(phrase)
+        for phrase in chunker.flush():
+            self._queue_phrase(phrase)
+        fallback = not speakable(text)
+        if fallback:  # empty or unspeakable reply: say so rather than stay silent
+            text = EMPTY_REPLY
+            await self.out.event("response.text.delta", response_id=self.rid, delta=text)
+            self._queue_phrase(text)
+        self._phrases.put_nowait(None)
+        return text, fallback
+
+    def _queue_phrase(self, phrase: str) -> None:
+        if self._t_first_phrase is None and speakable(phrase):
+            self._t_first_phrase = time.perf_counter()
+        self._phrases.put_nowait(phrase)
+
+    async def _speak(self, t0: float, t_end: float) -> None:
+        while (phrase := await self._phrases.get()) is not None:
+            if not speakable(phrase):
+                continue
+            try:
+                speech = await self.engines.tts.run(phrase)
+            except Exception as exc:  # noqa: BLE001 - skip the phrase, keep speaking
+                await self.error("tts_failed", f"could not speak a phrase: {exc}")
+                continue
+            if len(speech.audio) == 0:
+                continue
+            audio = await asyncio.to_thread(resample, speech.audio, speech.sample_rate, self.output_rate)
+            self.spoken.append(phrase)
+            step = int(self.output_rate * AUDIO_CHUNK_S)
+            for i in range(0, len(audio), step):
+                await self._pace()
+                if "first_audio" not in self.timings:
+                    await self._released()
+                    now = time.perf_counter()
+                    # a speculative reply is measured from its confirmation, not its start
+                    self.timings["first_audio"] = round((now - max(t0, self._t_release)) * 1000, 1)
+                    self.timings["voice_to_voice"] = round((now - t_end) * 1000, 1)
+                    for key, mark in (("first_token_to_audio", self._t_first_token),
+                                      ("first_phrase_to_audio", self._t_first_phrase)):
+                        if mark is not None:
+                            self.timings[key] = round((now - max(mark, self._t_release)) * 1000, 1)
+                    synth_s, audio_s = speech.synth_ms / 1000, len(speech.audio) / speech.sample_rate
+                    self.timings["tts_rtf"] = round(synth_s / audio_s, 3)
+                    if self.on_audio_start is not None:
+                        self.on_audio_start()
+                    metrics.FIRST_AUDIO.observe(now - max(t0, self._t_release))
+                    metrics.VOICE_TO_VOICE.observe(now - t_end)
+                    self._t_play = now
+                chunk = audio[i : i + step]
+                await self.out.audio(self.rid, float_to_pcm16(chunk))
+                self.audio_s += len(chunk) / self.output_rate
+
+    async def _released(self) -> None:
+        """Wait until a speculative reply is confirmed (no-op otherwise)."""
+        if self.release is not None and not self.release.is_set():
+            await self.release.wait()
+            self._t_release = time.perf_counter()
+
+    async def _pace(self) -> None:
+        """Stay at most ``playback_lead_s`` ahead of real-time playback, so a barge-in
+        silences the client quickly and nothing piles up in buffers."""
+        if self._t_play is None:
+            return
+        ahead = self.audio_s - (time.perf_counter() - self._t_play)
+        lead = self.cfg.tts.playback_lead_s
+        if ahead > lead:
+            await asyncio.sleep(ahead - lead)

@@ -1,0 +1,371 @@
+"""One conversation: audio in → VAD turns → ASR → LLM → TTS → audio out.
+
+A :class:`Session` is transport-agnostic: the server feeds it parsed events and audio
+bytes and gives it an :class:`Outbox` to talk back through. Every model call goes to
+a shared engine (off the event loop); every failure is reported to this session's
+client as an ``error`` event and never reaches another session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Protocol
+
+import numpy as np
+
+from audio.pcm import AudioFormatError, PcmDecoder, PcmFormat
+from pipeline import metrics
+from pipeline.asr.turn import AsrTurn
+from pipeline.asr.types import Partial
+from pipeline.config import VoxpipeConfig
+from pipeline.engines import Engines
+from pipeline.session.endpointing import AllSpeech, Endpointer, SpeechEnd, SpeechPause, SpeechResume, SpeechStart
+from pipeline.session.history import ChatHistory
+from pipeline.session.replies import CANCEL_WAIT_S, Replies
+from pipeline.session.speculation import HeldOutbox, Speculation
+from pipeline.session.turn_state import TurnState
+from pipeline.worker import Busy
+
+logger = logging.getLogger(__name__)
+
+RATE = 16000
+
+
+class Outbox(Protocol):
+    """Where a session sends events and audio (implemented by the server)."""
+
+    async def event(self, kind: str, **fields) -> None: ...
+
+    async def audio(self, response_id: int, pcm16: bytes) -> None: ...
+
+
+class Session:
+    """Per-connection turn logic.
+
+    Args:
+        engines: the shared model stages.
+        cfg: configuration.
+        out: the client's outbox.
+        session_id: id used in logs.
+    """
+
+    def __init__(self, *, engines: Engines, cfg: VoxpipeConfig, out: Outbox, session_id: str) -> None:
+        self.engines, self.cfg, self.out, self.id = engines, cfg, out, session_id
+        self.started = False
+        self.fmt: PcmFormat | None = None
+        self.output_rate = 24000
+        self.language: str | None = None
+        self.history = ChatHistory(cfg.llm.system_prompt)
+        self._decoder: PcmDecoder | None = None
+        self._vad = None
+        self._endpointer = Endpointer(cfg.turn)
+        self._chunks: list[np.ndarray] = []
+        self._buf_start = 0  # 16 kHz sample index of the first buffered sample
+        self._pos = 0  # 16 kHz samples received
+        self._turn_task: asyncio.Task | None = None  # final ASR of the latest turn, then its reply
+        self._last_turn: tuple[int, int] | None = None  # (start, end) samples of the latest turn
+        self._asr: AsrTurn | None = None  # streaming ASR of the speech in progress
+        self._last_asr: AsrTurn | None = None  # ... of the latest turn (speech may continue it)
+        self._tasks: set[asyncio.Task] = set()
+        self.turn_state = TurnState()
+        self.replies = Replies(engines=engines, cfg=cfg, out=out, history=self.history,
+                               turn_state=self.turn_state, spawn=self._spawn, session_id=session_id)
+        self._turn_closed = False  # the client ended the latest turn with input.end
+        self._speech_start = 0  # sample where the speech in progress started
+        self._spec: Speculation | None = None  # speculative end of the turn in progress
+
+    # ---- client events -------------------------------------------------------------
+
+    async def start(self, *, sample_rate: int, format: str, channels: int, output_sample_rate: int,
+                    system_prompt: str | None, language: str | None, vad: bool = True) -> None:
+        """Handle ``session.start``: (re)declare formats and reset the audio state.
+        With ``vad`` False every sample is speech: turns end at ``input.end``."""
+        self.fmt = PcmFormat(sample_rate, format, channels)
+        await self.replies.cancel("restart")  # its audio is in the old output format
+        self._decoder = PcmDecoder(self.fmt)
+        self._vad = self.engines.vad.stream() if vad else AllSpeech()
+        self._endpointer = Endpointer(self.cfg.turn)
+        self._chunks, self._buf_start, self._pos = [], 0, 0
+        self._drop_speculation(reopen=False)
+        if self._asr is not None:  # speech in progress: its turn ends here, unanswered
+            await self.out.event("speech.stopped", audio_ms=int(self._pos * 1000 / RATE), reason="restart")
+            self.turn_state.speech_stopped(turn_submitted=False)
+            await self.out.event("turn.empty", reason="restart")
+        for turn in (self._asr, self._last_asr):
+            if turn is not None:
+                turn.close()
+        self._last_turn = self._asr = self._last_asr = None
+        self.output_rate = self.replies.output_rate = output_sample_rate
+        self.language = await self._asr_language(language)
+        if system_prompt:
+            self.history.system_prompt = system_prompt
+        self.started = True
+        await self.out.event("session.started", session_id=self.id, protocol=1,
+                             input={"sample_rate": sample_rate, "format": format, "channels": channels},
+                             output={"sample_rate": output_sample_rate, "format": "pcm16", "channels": 1})
+
+    async def on_audio(self, data: bytes) -> None:
+        """Handle a binary audio frame in the declared format (any length)."""
+        if not self.started:
+            await self.error("no_session", "send session.start before audio")
+            return
+        if self._decoder.error is not None:
+            return  # reported once; the stream is dropped until a new session.start
+        try:
+            samples = self._decoder.feed(data)
+        except AudioFormatError as exc:
+            await self.error("bad_audio", f"{exc}; audio is ignored until a new session.start")
+            return
+        await self._consume(samples)
+
+    async def end_input(self) -> None:
+        """Handle ``input.end``: the user's turn is over now."""
+        if not self.started:
+            await self.error("no_session", "send session.start first")
+            return
+        await self._consume(self._decoder.flush())
+        end = self._endpointer.finish()
+        if end is not None:
+            await self._end_of_speech(end, t_end=time.perf_counter())
+        self._turn_closed = True  # later speech starts a new turn
+        if end is None and not self._pending():
+            await self.out.event("turn.empty", reason="no_speech")
+
+    def _pending(self) -> bool:
+        """True while a turn is being transcribed or answered."""
+        busy = self._turn_task is not None and not self._turn_task.done()
+        return busy or self.replies.busy()
+
+    async def text_input(self, text: str) -> None:
+        """Handle ``text.input``: a typed user turn."""
+        self._drop_speculation()
+        await self.replies.begin(text, t_end=time.perf_counter(), asr_ms=0.0)
+
+    async def cancel_response(self) -> None:
+        """Handle ``response.cancel``: stop the current reply, if any."""
+        await self.replies.cancel("client")
+
+    async def close(self) -> None:
+        """Tear down: stop the reply (its LLM request is aborted) and every task."""
+        self.replies.stop()
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:  # never let a stuck task keep a closed session alive
+            _, stuck = await asyncio.wait(set(self._tasks), timeout=CANCEL_WAIT_S)
+            if stuck:
+                logger.warning("session %s: %d task(s) did not stop on close", self.id, len(stuck))
+
+    async def error(self, code: str, message: str, *, fatal: bool = False) -> None:
+        """Send an ``error`` event (and count it)."""
+        metrics.ERRORS.labels(code).inc()
+        await self.out.event("error", code=code, message=message, fatal=fatal)
+
+    # ---- audio → turns -------------------------------------------------------------
+
+    async def _asr_language(self, language: str | None) -> str | None:
+        """The language to decode: None (detect) when not given; a code the model does
+        not know is reported and detected instead. English-only models ignore it."""
+        asr = self.engines.asr
+        if language is not None and not getattr(asr, "multilingual", False) and language != "en":
+            await self.error("bad_event", f"the ASR model is English-only: language {language!r} is not "
+                                          "supported (start the server with --asr-model base); decoding English")
+            return "en"
+        if language is None or not getattr(asr, "multilingual", False):
+            return language
+        if language not in asr.languages:
+            await self.error("bad_event", f"unknown language {language!r}; detecting the language instead")
+            return None
+        return language
+
+    async def _consume(self, samples: np.ndarray) -> None:
+        if len(samples) == 0:
+            return
+        self._chunks.append(samples)
+        self._pos += len(samples)
+        if self._asr is not None:
+            self._asr.feed(samples)  # streaming ASR of the speech in progress
+        probs = await asyncio.to_thread(self._vad.feed, samples)
+        for ev in self._endpointer.feed(probs):
+            if isinstance(ev, SpeechStart):
+                await self.out.event("speech.started", audio_ms=int(ev.sample * 1000 / RATE))
+                await self._start_turn(ev.sample)
+            elif isinstance(ev, SpeechPause):
+                self._speculate(ev.end, t_end=time.perf_counter() - (self._pos - ev.end) / RATE)
+            elif isinstance(ev, SpeechResume):
+                self._drop_speculation()
+            elif isinstance(ev, SpeechEnd):
+                silence_s = (self._pos - ev.end) / RATE if ev.reason == "silence" else 0.0
+                await self._end_of_speech(ev, t_end=time.perf_counter() - silence_s)
+        # The turn's audio lives in its AsrTurn; keep 1 s of pre-roll and any speech not
+        # yet confirmed.
+        pending = self._endpointer.pending_start
+        keep_from = self._pos - RATE if pending is None else min(self._pos - RATE, pending - self._pad())
+        self._trim(keep_from)
+
+    def _merge_window(self) -> int:
+        return int(self.cfg.turn.merge_window_ms * RATE / 1000)
+
+    def _pad(self) -> int:
+        return int(self.cfg.turn.pad_ms * RATE / 1000)
+
+    def _trim(self, keep_from: int) -> None:
+        """Drop buffered audio before sample ``keep_from`` (amortised: only when the
+        buffer holds twice what is needed)."""
+        if keep_from - self._buf_start <= self._pos - keep_from:
+            return
+        buf = np.concatenate(self._chunks)[max(0, keep_from - self._buf_start) :]
+        self._chunks, self._buf_start = [buf], self._pos - len(buf)
+
+    async def _start_turn(self, start: int) -> None:
+        """Speech started: stream it to the ASR. Speech that resumes soon after the last
+        turn ended continues that turn (its reply is cancelled; its words stay)."""
+        last, turn = self._last_turn, self._last_asr
+        self._speech_start = start
+        self.turn_state.speech_started()  # over a reply: a barge-in candidate until ASR confirms words
+        if (last is not None and turn is not None and not self._turn_closed and start - last[1] <= self._merge_window()
+                and (start - last[0]) / RATE < self.cfg.turn.max_turn_s * 0.8):
+            if self._turn_task is not None:
+                self._turn_task.cancel()
+            await self.replies.cancel("continued")
+            turn.reopen()
+        else:
+            self._last_turn = (start, start)
+            turn = AsrTurn(self.engines.asr, self.cfg.asr, language=self.language,
+                           on_partial=self._on_partial, spawn=self._spawn)
+        self._asr = self._last_asr = turn
+        turn.feed(self._slice(start - self._pad(), self._pos))
+
+    async def _on_partial(self, part: Partial) -> None:
+        await self.out.event("transcript.partial", committed=part.committed, unstable=part.unstable,
+                             text=part.text, language=part.language)
+        await self._maybe_barge_in()
+
+    async def _maybe_barge_in(self) -> None:
+        """The user talks over the reply: speech that lasted ``barge_in_min_ms`` and that
+        the ASR heard words in (a partial transcript) cancels it. Coughs, claps and noise
+        give no words (or too short a burst) and leave the reply alone."""
+        ts = self.turn_state
+        long_enough = (self._pos - self._speech_start) * 1000 / RATE >= self.cfg.turn.barge_in_min_ms
+        if ts.interrupting and long_enough and self.replies.current is not None:
+            ts.barge_in()
+            await self.replies.cancel("barge_in")
+
+    def _slice(self, start: int, end: int) -> np.ndarray:
+        buf = np.concatenate(self._chunks) if self._chunks else np.zeros(0, np.float32)
+        a = max(0, start - self._buf_start)
+        b = max(a, min(len(buf), end - self._buf_start))
+        return buf[a:b]
+
+    async def _end_of_speech(self, ev: SpeechEnd, *, t_end: float) -> None:
+        turn, self._asr = self._asr, None
+        start = self._last_turn[0] if self._last_turn else ev.start
+        self._last_turn = (start, ev.end)
+        # a turn the client ended (input.end, push-to-talk) is never continued by later speech
+        self._turn_closed = ev.reason == "input_end"
+        await self.out.event("speech.stopped", audio_ms=int(ev.end * 1000 / RATE), reason=ev.reason)
+        self.turn_state.speech_stopped(turn_submitted=turn is not None)
+        if turn is None:
+            return
+        turn.end_input(drop_tail=max(0, self._pos - (ev.end + self._pad())))
+        spec, self._spec = self._spec, None
+        if spec is not None and spec.turn is turn:
+            self._turn_task = self._spawn(self._confirm(spec))
+        else:
+            self._turn_task = self._spawn(self._transcribe_and_reply(turn, t_end))
+
+    def _spawn(self, coro) -> asyncio.Task:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _transcribe_and_reply(self, turn: AsrTurn, t_end: float) -> None:
+        try:
+            result = await turn.finish()
+        except Busy as exc:
+            await self.error("busy", str(exc))
+            return
+        except Exception as exc:
+            logger.exception("session %s: ASR failed", self.id)
+            await self.error("asr_failed", f"transcription failed: {exc}")
+            return
+        if await self._final_transcript(turn, result):
+            await self.replies.begin(result.text, t_end=t_end, asr_ms=turn.last_decode_ms)
+
+    async def _final_transcript(self, turn: AsrTurn, result: Partial) -> bool:
+        """Report the turn's final transcript; False (and ``turn.empty``) if it has no words."""
+        audio_s = turn.stream.total_s
+        metrics.ASR_SECONDS.observe(turn.decode_ms / 1000)
+        if audio_s > 0:
+            metrics.ASR_RTF.observe(turn.decode_ms / 1000 / audio_s)
+        if not result.text:
+            self.turn_state.turn_empty()
+            await self.out.event("turn.empty", reason="no_words")
+            return False
+        await self.out.event("transcript.final", text=result.text, language=result.language,
+                             audio_ms=int(audio_s * 1000))
+        return True
+
+    # ---- speculative end of turn (see pipeline/speculation.py) ----------------------
+
+    def _speculate(self, speech_end: int, *, t_end: float) -> None:
+        """The speech paused: decode the final transcript and start the reply now,
+        held back until the turn really ends. Only when nothing else is in progress."""
+        turn = self._asr
+        if turn is None or self._spec is not None or self._pending():
+            return
+        spec = Speculation(turn=turn, outbox=HeldOutbox(self.out), t_end=t_end)
+        # decode what the final would: the speech and pad_ms after it, not the pause
+        spec.task = self._spawn(self._run_speculation(spec, max(0, self._pos - (speech_end + self._pad()))))
+        self._spec = spec
+
+    async def _run_speculation(self, spec: Speculation, drop_tail: int) -> None:
+        try:
+            spec.peek = await spec.turn.peek_final(drop_tail=drop_tail)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.debug("session %s: no speculation", self.id, exc_info=True)
+            return
+        text = spec.peek[0].text
+        if text:
+            spec.resp = self.replies.new(out=spec.outbox, release=spec.outbox.released)
+            self.replies.run(spec.resp, text, t_end=spec.t_end, asr_ms=spec.turn.last_decode_ms)
+
+    def _drop_speculation(self, *, reopen: bool = True) -> None:
+        """The user went on speaking (or the session changed): discard the speculation."""
+        spec, self._spec = self._spec, None
+        if spec is not None:
+            metrics.SPECULATIONS.labels("dropped").inc()
+            spec.drop()
+            if reopen and spec.turn is self._asr:
+                spec.turn.reopen()
+
+    async def _confirm(self, spec: Speculation) -> None:
+        """The turn ended where the speculation decoded it: make its transcript final
+        and let its reply out (or fall back to a normal final decode)."""
+        promoted = False
+        try:
+            if spec.task is not None:
+                await asyncio.gather(spec.task, return_exceptions=True)
+            if spec.peek is None:
+                metrics.SPECULATIONS.labels("failed").inc()
+                await self._transcribe_and_reply(spec.turn, spec.t_end)
+                return
+            metrics.SPECULATIONS.labels("used").inc()
+            _, req, result = spec.peek
+            final = spec.turn.commit_final(req, result)
+            if not await self._final_transcript(spec.turn, final):
+                return
+            if spec.resp is None:
+                return
+            await self.replies.promote(spec.resp)
+            promoted = True
+            await spec.outbox.release()
+            if spec.resp.task.done():  # it ended (failed) before it became current
+                self.replies.settle(spec.resp)
+        finally:
+            if not promoted and spec.resp is not None:
+                spec.resp.task.cancel()

@@ -1,0 +1,54 @@
+"""Piper TTS behind a worker: phrase text → float32 audio at the voice's rate
+(the voice is loaded by :func:`pipeline.tts.loader.load_voice`)."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+
+from pipeline.config import TtsConfig
+from pipeline.tts.chunker import speakable
+from pipeline.tts.types import Speech
+from pipeline.worker import BatchWorker
+
+logger = logging.getLogger(__name__)
+
+
+
+
+
+
+class TtsEngine(BatchWorker[str, Speech]):
+    """The process-wide TTS stage: phrase jobs from every session, one voice shared by a
+    pool of ``cfg.workers`` threads (onnxruntime sessions are safe to run concurrently).
+    Each session awaits its phrases one by one, so its audio stays in order.
+
+    Args:
+        voice: a ``piper.PiperVoice``.
+        cfg: see :class:`TtsConfig`.
+    """
+
+    def __init__(self, voice, cfg: TtsConfig) -> None:
+        super().__init__("tts", queue_size=cfg.queue_size, max_batch_size=1, workers=cfg.workers)
+        self.voice = voice
+        self.sample_rate = int(voice.config.sample_rate)
+
+    def process_batch(self, items: list[str]) -> list[Speech | BaseException]:
+        out: list[Speech | BaseException] = []
+        for text in items:
+            try:
+                out.append(self.synthesize(text))
+            except Exception as exc:  # noqa: BLE001 - one bad phrase fails only itself
+                logger.warning("tts failed on %r: %s", text, exc)
+                out.append(exc)
+        return out
+
+    def synthesize(self, text: str) -> Speech:
+        """Speak ``text`` after :func:`speakable` cleaning; empty text gives no samples."""
+        t0 = time.perf_counter()
+        clean = speakable(text)
+        parts = [chunk.audio_float_array for chunk in self.voice.synthesize(clean)] if clean else []
+        audio = np.concatenate(parts).astype(np.float32) if parts else np.zeros(0, np.float32)
+        return Speech(audio=audio, sample_rate=self.sample_rate, synth_ms=(time.perf_counter() - t0) * 1000)

