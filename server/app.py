@@ -17,10 +17,11 @@ from websockets.http11 import Request, Response
 from pipeline import metrics
 from pipeline.config import VoxpipeConfig
 from pipeline.engines import Engines
+from pipeline.session.events import InputEnd, ResponseCancel, SessionEnd, SessionStart, TextInput
 from pipeline.session.session import Session
 
 from .outbox import SlowClient, WsOutbox
-from .protocol import InputEnd, ProtocolError, ResponseCancel, SessionEnd, SessionStart, TextInput, parse_client_event
+from .protocol import ProtocolError, parse_client_event
 
 logger = logging.getLogger(__name__)
 
@@ -123,9 +124,7 @@ class VoxpipeServer:
             await session.error(exc.code, str(exc))
             return None
         if isinstance(ev, SessionStart):
-            await session.start(sample_rate=ev.sample_rate, format=ev.format, channels=ev.channels,
-                                output_sample_rate=ev.output_sample_rate, system_prompt=ev.system_prompt,
-                                language=ev.language, vad=ev.vad)
+            await session.start(ev)
         elif isinstance(ev, InputEnd):
             await session.end_input()
         elif isinstance(ev, TextInput):

@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from .protocol import audio_frame, server_event
+from pipeline.session.events import ServerEvent
+
+from .protocol import audio_frame, encode_event
 
 logger = logging.getLogger(__name__)
 
@@ -36,8 +38,8 @@ class WsOutbox:
         self.closed = False
         self._closer: asyncio.Future | None = None  # closes a slow client's socket
 
-    async def event(self, kind: str, **fields) -> None:
-        await self._put(server_event(kind, **fields))
+    async def send(self, event: ServerEvent) -> None:
+        await self._put(encode_event(event))
 
     async def audio(self, response_id: int, pcm16: bytes) -> None:
         await self._put(audio_frame(response_id, pcm16))

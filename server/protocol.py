@@ -1,84 +1,35 @@
-"""Wire protocol v1: JSON text events with a ``type`` field, validated at the edge.
+"""Wire protocol v1 at the edge: text frames ↔ typed events, and audio frames.
 
-Client → server events are a pydantic discriminated union (:data:`ClientEvent`);
-:func:`parse_client_event` turns any text frame into an event or a
-:class:`ProtocolError` with an error ``code``. Server → client events are built by
-:func:`server_event`. Binary server frames carry reply audio: a 4-byte little-endian
-unsigned ``response_id`` followed by PCM16 mono samples at the session's output rate.
-The full reference is docs/PROTOCOL.md.
+The event classes of both directions live in :mod:`pipeline.session.events`.
+:func:`parse_client_event` turns any text frame into a client event or a
+:class:`ProtocolError` with an error ``code``; :func:`encode_event` serializes a server
+event. Binary server frames carry reply audio: a 4-byte little-endian unsigned
+``response_id`` followed by PCM16 mono samples at the session's output rate. The full
+reference is docs/PROTOCOL.md; docs/protocol.schema.json is generated from the classes.
 """
 
 from __future__ import annotations
 
 import json
 import struct
-from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import TypeAdapter, ValidationError
 
-PROTOCOL_VERSION = 1
-MAX_TEXT_CHARS = 8000
-"""Longest ``text.input`` / ``system_prompt`` accepted (characters)."""
+from pipeline.session.events import CLIENT_EVENTS, PROTOCOL_VERSION, ClientEvent, ErrorCode, ServerEvent, event_type
 
-
-class _Event(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
-
-
-class SessionStart(_Event):
-    """Start (or restart) a session and declare the audio formats."""
-
-    type: Literal["session.start"]
-    sample_rate: int = Field(16000, ge=8000, le=48000, description="input rate (Hz)")
-    format: Literal["pcm16", "f32"] = "pcm16"
-    channels: int = Field(1, ge=1, le=2, description="1 (mono) or 2 (interleaved stereo)")
-    output_sample_rate: int = Field(24000, ge=8000, le=48000, description="reply audio rate (Hz)")
-    system_prompt: str | None = Field(None, max_length=MAX_TEXT_CHARS)
-    language: str | None = Field(None, min_length=2, max_length=8)
-    vad: bool = Field(True, description="server VAD finds turns; false: a turn ends at input.end")
-
-
-class InputEnd(_Event):
-    """The user's turn is over now (end of file, push-to-talk release)."""
-
-    type: Literal["input.end"]
-
-
-class TextInput(_Event):
-    """A typed user turn."""
-
-    type: Literal["text.input"]
-    text: str = Field(min_length=1, max_length=MAX_TEXT_CHARS)
-
-
-class ResponseCancel(_Event):
-    """Stop the current reply."""
-
-    type: Literal["response.cancel"]
-
-
-class SessionEnd(_Event):
-    """Close the session; the server closes the socket with code 1000."""
-
-    type: Literal["session.end"]
-
-
-ClientEvent = Annotated[
-    SessionStart | InputEnd | TextInput | ResponseCancel | SessionEnd, Field(discriminator="type")
-]
 _ADAPTER: TypeAdapter = TypeAdapter(ClientEvent)
-CLIENT_TYPES = ("session.start", "input.end", "text.input", "response.cancel", "session.end")
+CLIENT_TYPES = tuple(event_type(cls) for cls in CLIENT_EVENTS)
 
 
 class ProtocolError(ValueError):
     """A client frame that is not a valid event; ``code`` goes into the error event."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: ErrorCode, message: str) -> None:
         super().__init__(message)
         self.code = code
 
 
-def parse_client_event(text: str):
+def parse_client_event(text: str) -> ClientEvent:
     """Parse one text frame into a client event.
 
     Raises:
@@ -102,26 +53,27 @@ def parse_client_event(text: str):
         raise ProtocolError("bad_event", f"invalid {kind}: {problems}") from None
 
 
-SERVER_TYPES = (
-    "session.started", "speech.started", "speech.stopped", "transcript.partial", "transcript.final",
-    "turn.empty", "response.started", "response.text.delta", "response.done", "response.cancelled", "error",
-)
+def encode_event(event: ServerEvent) -> str:
+    """Serialize a server → client event as one JSON text frame (UTF-8, ``type`` first)."""
+    return event.model_dump_json()
 
 
-def server_event(kind: str, **fields) -> str:
-    """Serialize a server → client event as JSON text.
-
-    Raises:
-        ValueError: ``kind`` is not a server event type.
-    """
-    if kind not in SERVER_TYPES:
-        raise ValueError(f"not a server event type: {kind}")
-    return json.dumps({"type": kind, **fields}, ensure_ascii=False)
-
-
-def error_event(code: str, message: str, *, fatal: bool = False) -> str:
-    """An ``error`` event; ``fatal`` means the server will close the connection."""
-    return server_event("error", code=code, message=message, fatal=fatal)
+def json_schema() -> dict:
+    """The protocol's JSON Schema (draft 2020-12), both directions, generated from the event
+    classes: ``$defs/ClientEvent`` (what a client may send, as validated) and
+    ``$defs/ServerEvent`` (what the server sends). docs/protocol.schema.json is this,
+    written by ``python -m server.protocol``."""
+    schemas, defs = TypeAdapter.json_schemas(
+        [("client", "validation", _ADAPTER), ("server", "serialization", TypeAdapter(ServerEvent))],
+        ref_template="#/$defs/{model}")
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": f"voxpipe WebSocket protocol, version {PROTOCOL_VERSION}",
+        "description": "JSON text frames, one event each; binary frames carry audio (see docs/PROTOCOL.md).",
+        "$defs": {**defs["$defs"], "ClientEvent": schemas[("client", "validation")],
+                  "ServerEvent": schemas[("server", "serialization")]},
+        "oneOf": [{"$ref": "#/$defs/ClientEvent"}, {"$ref": "#/$defs/ServerEvent"}],
+    }
 
 
 AUDIO_HEADER = struct.Struct("<I")
@@ -141,3 +93,7 @@ def parse_audio_frame(frame: bytes) -> tuple[int, bytes]:
     if len(frame) < AUDIO_HEADER.size:
         raise ValueError("audio frame shorter than its 4-byte header")
     return AUDIO_HEADER.unpack_from(frame)[0], frame[AUDIO_HEADER.size :]
+
+
+if __name__ == "__main__":  # python -m server.protocol > docs/protocol.schema.json
+    print(json.dumps(json_schema(), indent=2, ensure_ascii=False))

@@ -7,50 +7,13 @@ speaking until below ``neg_threshold``) follows Silero VAD's ``get_speech_timest
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from audio.vad import WINDOW
 from pipeline.config import TurnConfig
+from pipeline.session.types import EndReason, SpeechEnd, SpeechPause, SpeechResume, SpeechStart, TurnEvent
 
 RATE = 16000
-
-
-@dataclass(slots=True, frozen=True)
-class SpeechStart:
-    """Speech began at ``sample`` (16 kHz sample index in the session's stream)."""
-
-    sample: int
-
-
-@dataclass(slots=True, frozen=True)
-class SpeechPause:
-    """Confirmed speech has been silent for ``early_end_ms`` since sample ``end``: the
-    turn may be ending (it ends for sure only at ``end_silence_ms``). Emitted once per
-    silence; the session starts a speculative final transcript and reply here."""
-
-    start: int
-    end: int
-
-
-@dataclass(slots=True, frozen=True)
-class SpeechResume:
-    """Speech came back after a :class:`SpeechPause`, before the turn ended."""
-
-    sample: int
-
-
-@dataclass(slots=True, frozen=True)
-class SpeechEnd:
-    """The turn ended: speech ran from ``start`` to ``end`` (16 kHz sample indices).
-
-    ``reason`` is ``silence`` (end-of-speech silence), ``max_length`` or ``input_end``.
-    """
-
-    start: int
-    end: int
-    reason: str
 
 
 class Endpointer:
@@ -87,9 +50,9 @@ class Endpointer:
         """True between a confirmed :class:`SpeechStart` and its :class:`SpeechEnd`."""
         return self._confirmed
 
-    def feed(self, probs) -> list[SpeechStart | SpeechPause | SpeechResume | SpeechEnd]:
+    def feed(self, probs) -> list[TurnEvent]:
         """Consume probabilities of consecutive windows; return the events they cause."""
-        events: list[SpeechStart | SpeechEnd] = []
+        events: list[TurnEvent] = []
         c = self.cfg
         for p in probs:
             win_start = self._pos
@@ -137,7 +100,7 @@ class Endpointer:
             return None
         return self._end("input_end")
 
-    def _end(self, reason: str, at: int | None = None) -> SpeechEnd:
+    def _end(self, reason: EndReason, at: int | None = None) -> SpeechEnd:
         end = self._last_speech_end if at is None else at
         ev = SpeechEnd(self._start or 0, end, reason)
         self._start, self._confirmed, self._paused = None, False, False

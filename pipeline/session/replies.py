@@ -15,9 +15,11 @@ from dataclasses import dataclass
 from pipeline import metrics
 from pipeline.config import VoxpipeConfig
 from pipeline.engines import Engines
+from pipeline.session import events as ev
 from pipeline.session.history import ChatHistory
 from pipeline.session.responder import Responder
 from pipeline.session.turn_state import TurnState
+from pipeline.session.types import Outbox
 from pipeline.worker import Busy
 
 logger = logging.getLogger(__name__)
@@ -49,7 +51,7 @@ class Replies:
         session_id: for logs.
     """
 
-    def __init__(self, *, engines: Engines, cfg: VoxpipeConfig, out, history: ChatHistory,
+    def __init__(self, *, engines: Engines, cfg: VoxpipeConfig, out: Outbox, history: ChatHistory,
                  turn_state: TurnState, spawn: Callable[..., asyncio.Task], session_id: str) -> None:
         self.engines, self.cfg, self.out, self.history = engines, cfg, out, history
         self.turn_state, self._spawn, self.id = turn_state, spawn, session_id
@@ -61,15 +63,15 @@ class Replies:
         """True while the current reply runs."""
         return self.current is not None and not self.current.task.done()
 
-    def new(self, *, out=None, release: asyncio.Event | None = None) -> Reply:
+    def new(self, *, out: Outbox | None = None, release: asyncio.Event | None = None) -> Reply:
         """A reply (not yet running nor current) that sends to ``out`` (default: the
         session's outbox) and, if ``release`` is given, holds its audio until it is set."""
         self._next_rid += 1
         out = out or self.out
 
-        async def error(code: str, message: str) -> None:
+        async def error(code: ev.ErrorCode, message: str) -> None:
             metrics.ERRORS.labels(code).inc()
-            await out.event("error", code=code, message=message, fatal=False)
+            await out.send(ev.Error(code=code, message=message, fatal=False))
 
         return Reply(Responder(rid=self._next_rid, engines=self.engines, cfg=self.cfg, out=out,
                                history=self.history, output_rate=self.output_rate, error=error,
@@ -115,7 +117,7 @@ class Replies:
                 logger.warning("  at %s:%d %s", frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
         self.turn_state.reply_ended()
         spoken = " ".join(reply.responder.spoken).strip()
-        await self.out.event("response.cancelled", response_id=reply.rid, spoken_text=spoken, reason=reason)
+        await self.out.send(ev.ResponseCancelled(response_id=reply.rid, spoken_text=spoken, reason=reason))
 
     def stop(self) -> None:
         """Session teardown: cancel the current reply's task, sending nothing."""

@@ -18,7 +18,9 @@ from pipeline import metrics
 from pipeline.config import VoxpipeConfig
 from pipeline.engines import Engines
 from pipeline.llm.types import GenRequest
+from pipeline.session import events as ev
 from pipeline.session.history import ChatHistory
+from pipeline.session.types import Outbox
 from pipeline.tts.chunker import SentenceChunker, speakable
 
 logger = logging.getLogger(__name__)
@@ -46,8 +48,8 @@ class Responder:
             history alone. None: speak at once.
     """
 
-    def __init__(self, *, rid: int, engines: Engines, cfg: VoxpipeConfig, out, history: ChatHistory,
-                 output_rate: int, error: Callable[[str, str], Awaitable[None]],
+    def __init__(self, *, rid: int, engines: Engines, cfg: VoxpipeConfig, out: Outbox, history: ChatHistory,
+                 output_rate: int, error: Callable[[ev.ErrorCode, str], Awaitable[None]],
                  on_audio_start: Callable[[], object] | None = None,
                  release: asyncio.Event | None = None) -> None:
         self.rid, self.engines, self.cfg, self.out = rid, engines, cfg, out
@@ -66,7 +68,7 @@ class Responder:
         """Generate, speak, and record the exchange; on cancel, record what was spoken."""
         llm, cfg = self.engines.llm, self.cfg.llm
         t0 = time.perf_counter()
-        await self.out.event("response.started", response_id=self.rid, user_text=user_text)
+        await self.out.send(ev.ResponseStarted(response_id=self.rid, user_text=user_text))
         messages = await asyncio.to_thread(self.history.prompt, user_text, llm.count_tokens,
                                            cfg.max_context_tokens - cfg.max_new_tokens)
         asked = messages[-1]["content"]  # the user text as it fit the context budget
@@ -90,9 +92,9 @@ class Responder:
         self.history.add_turn(asked, text)
         timings = {"asr": round(asr_ms, 1), "llm_ttft": round(st.ttft_ms, 1), "llm_tpot": round(st.tpot_ms, 1),
                    **self.timings}
-        await self.out.event("response.done", response_id=self.rid, text=text, fallback=fallback,
-                             finish_reason=st.finish_reason, output_tokens=st.output_tokens,
-                             audio_s=round(self.audio_s, 3), timings_ms=timings)
+        await self.out.send(ev.ResponseDone(response_id=self.rid, text=text, fallback=fallback,
+                                            finish_reason=st.finish_reason, output_tokens=st.output_tokens,
+                                            audio_s=round(self.audio_s, 3), timings_ms=timings))
 
     async def _generate(self, stream) -> tuple[str, bool]:
         chunker = SentenceChunker()
@@ -101,7 +103,7 @@ class Responder:
             if self._t_first_token is None:
                 self._t_first_token = time.perf_counter()
             text += delta
-            await self.out.event("response.text.delta", response_id=self.rid, delta=delta)
+            await self.out.send(ev.ResponseTextDelta(response_id=self.rid, delta=delta))
             for phrase in chunker.push(delta):
                 self._queue_phrase(phrase)
         for phrase in chunker.flush():
@@ -109,7 +111,7 @@ class Responder:
         fallback = not speakable(text)
         if fallback:  # empty or unspeakable reply: say so rather than stay silent
             text = EMPTY_REPLY
-            await self.out.event("response.text.delta", response_id=self.rid, delta=text)
+            await self.out.send(ev.ResponseTextDelta(response_id=self.rid, delta=text))
             self._queue_phrase(text)
         self._phrases.put_nowait(None)
         return text, fallback

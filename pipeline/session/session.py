@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Protocol
 
 import numpy as np
 
@@ -21,24 +20,18 @@ from pipeline.asr.turn import AsrTurn
 from pipeline.asr.types import Partial
 from pipeline.config import VoxpipeConfig
 from pipeline.engines import Engines
-from pipeline.session.endpointing import AllSpeech, Endpointer, SpeechEnd, SpeechPause, SpeechResume, SpeechStart
+from pipeline.session import events as ev
+from pipeline.session.endpointing import AllSpeech, Endpointer
 from pipeline.session.history import ChatHistory
 from pipeline.session.replies import CANCEL_WAIT_S, Replies
 from pipeline.session.speculation import HeldOutbox, Speculation
 from pipeline.session.turn_state import TurnState
+from pipeline.session.types import Outbox, SpeechEnd, SpeechPause, SpeechResume, SpeechStart
 from pipeline.worker import Busy
 
 logger = logging.getLogger(__name__)
 
 RATE = 16000
-
-
-class Outbox(Protocol):
-    """Where a session sends events and audio (implemented by the server)."""
-
-    async def event(self, kind: str, **fields) -> None: ...
-
-    async def audio(self, response_id: int, pcm16: bytes) -> None: ...
 
 
 class Session:
@@ -78,11 +71,12 @@ class Session:
 
     # ---- client events -------------------------------------------------------------
 
-    async def start(self, *, sample_rate: int, format: str, channels: int, output_sample_rate: int,
-                    system_prompt: str | None, language: str | None, vad: bool = True) -> None:
+    async def start(self, req: ev.SessionStart) -> None:
         """Handle ``session.start``: (re)declare formats and reset the audio state.
-        With ``vad`` False every sample is speech: turns end at ``input.end``."""
-        self.fmt = PcmFormat(sample_rate, format, channels)
+        With ``req.vad`` False every sample is speech: turns end at ``input.end``."""
+        sample_rate, channels, output_sample_rate = req.sample_rate, req.channels, req.output_sample_rate
+        system_prompt, language, vad = req.system_prompt, req.language, req.vad
+        self.fmt = PcmFormat(sample_rate, req.format, channels)
         await self.replies.cancel("restart")  # its audio is in the old output format
         self._decoder = PcmDecoder(self.fmt)
         self._vad = self.engines.vad.stream() if vad else AllSpeech()
@@ -90,9 +84,9 @@ class Session:
         self._chunks, self._buf_start, self._pos = [], 0, 0
         self._drop_speculation(reopen=False)
         if self._asr is not None:  # speech in progress: its turn ends here, unanswered
-            await self.out.event("speech.stopped", audio_ms=int(self._pos * 1000 / RATE), reason="restart")
+            await self.out.send(ev.SpeechStopped(audio_ms=int(self._pos * 1000 / RATE), reason="restart"))
             self.turn_state.speech_stopped(turn_submitted=False)
-            await self.out.event("turn.empty", reason="restart")
+            await self.out.send(ev.TurnEmpty(reason="restart"))
         for turn in (self._asr, self._last_asr):
             if turn is not None:
                 turn.close()
@@ -102,9 +96,10 @@ class Session:
         if system_prompt:
             self.history.system_prompt = system_prompt
         self.started = True
-        await self.out.event("session.started", session_id=self.id, protocol=1,
-                             input={"sample_rate": sample_rate, "format": format, "channels": channels},
-                             output={"sample_rate": output_sample_rate, "format": "pcm16", "channels": 1})
+        await self.out.send(ev.SessionStarted(
+            session_id=self.id,
+            input=ev.AudioFormat(sample_rate=sample_rate, format=req.format, channels=channels),
+            output=ev.AudioFormat(sample_rate=output_sample_rate, format="pcm16", channels=1)))
 
     async def on_audio(self, data: bytes) -> None:
         """Handle a binary audio frame in the declared format (any length)."""
@@ -131,7 +126,7 @@ class Session:
             await self._end_of_speech(end, t_end=time.perf_counter())
         self._turn_closed = True  # later speech starts a new turn
         if end is None and not self._pending():
-            await self.out.event("turn.empty", reason="no_speech")
+            await self.out.send(ev.TurnEmpty(reason="no_speech"))
 
     def _pending(self) -> bool:
         """True while a turn is being transcribed or answered."""
@@ -157,10 +152,10 @@ class Session:
             if stuck:
                 logger.warning("session %s: %d task(s) did not stop on close", self.id, len(stuck))
 
-    async def error(self, code: str, message: str, *, fatal: bool = False) -> None:
+    async def error(self, code: ev.ErrorCode, message: str, *, fatal: bool = False) -> None:
         """Send an ``error`` event (and count it)."""
         metrics.ERRORS.labels(code).inc()
-        await self.out.event("error", code=code, message=message, fatal=fatal)
+        await self.out.send(ev.Error(code=code, message=message, fatal=fatal))
 
     # ---- audio → turns -------------------------------------------------------------
 
@@ -187,17 +182,17 @@ class Session:
         if self._asr is not None:
             self._asr.feed(samples)  # streaming ASR of the speech in progress
         probs = await asyncio.to_thread(self._vad.feed, samples)
-        for ev in self._endpointer.feed(probs):
-            if isinstance(ev, SpeechStart):
-                await self.out.event("speech.started", audio_ms=int(ev.sample * 1000 / RATE))
-                await self._start_turn(ev.sample)
-            elif isinstance(ev, SpeechPause):
-                self._speculate(ev.end, t_end=time.perf_counter() - (self._pos - ev.end) / RATE)
-            elif isinstance(ev, SpeechResume):
+        for turn_ev in self._endpointer.feed(probs):
+            if isinstance(turn_ev, SpeechStart):
+                await self.out.send(ev.SpeechStarted(audio_ms=int(turn_ev.sample * 1000 / RATE)))
+                await self._start_turn(turn_ev.sample)
+            elif isinstance(turn_ev, SpeechPause):
+                self._speculate(turn_ev.end, t_end=time.perf_counter() - (self._pos - turn_ev.end) / RATE)
+            elif isinstance(turn_ev, SpeechResume):
                 self._drop_speculation()
-            elif isinstance(ev, SpeechEnd):
-                silence_s = (self._pos - ev.end) / RATE if ev.reason == "silence" else 0.0
-                await self._end_of_speech(ev, t_end=time.perf_counter() - silence_s)
+            elif isinstance(turn_ev, SpeechEnd):
+                silence_s = (self._pos - turn_ev.end) / RATE if turn_ev.reason == "silence" else 0.0
+                await self._end_of_speech(turn_ev, t_end=time.perf_counter() - silence_s)
         # The turn's audio lives in its AsrTurn; keep 1 s of pre-roll and any speech not
         # yet confirmed.
         pending = self._endpointer.pending_start
@@ -238,8 +233,8 @@ class Session:
         turn.feed(self._slice(start - self._pad(), self._pos))
 
     async def _on_partial(self, part: Partial) -> None:
-        await self.out.event("transcript.partial", committed=part.committed, unstable=part.unstable,
-                             text=part.text, language=part.language)
+        await self.out.send(ev.TranscriptPartial(committed=part.committed, unstable=part.unstable,
+                                                 text=part.text, language=part.language))
         await self._maybe_barge_in()
 
     async def _maybe_barge_in(self) -> None:
@@ -258,17 +253,17 @@ class Session:
         b = max(a, min(len(buf), end - self._buf_start))
         return buf[a:b]
 
-    async def _end_of_speech(self, ev: SpeechEnd, *, t_end: float) -> None:
+    async def _end_of_speech(self, end: SpeechEnd, *, t_end: float) -> None:
         turn, self._asr = self._asr, None
-        start = self._last_turn[0] if self._last_turn else ev.start
-        self._last_turn = (start, ev.end)
+        start = self._last_turn[0] if self._last_turn else end.start
+        self._last_turn = (start, end.end)
         # a turn the client ended (input.end, push-to-talk) is never continued by later speech
-        self._turn_closed = ev.reason == "input_end"
-        await self.out.event("speech.stopped", audio_ms=int(ev.end * 1000 / RATE), reason=ev.reason)
+        self._turn_closed = end.reason == "input_end"
+        await self.out.send(ev.SpeechStopped(audio_ms=int(end.end * 1000 / RATE), reason=end.reason))
         self.turn_state.speech_stopped(turn_submitted=turn is not None)
         if turn is None:
             return
-        turn.end_input(drop_tail=max(0, self._pos - (ev.end + self._pad())))
+        turn.end_input(drop_tail=max(0, self._pos - (end.end + self._pad())))
         spec, self._spec = self._spec, None
         if spec is not None and spec.turn is turn:
             self._turn_task = self._spawn(self._confirm(spec))
@@ -302,10 +297,10 @@ class Session:
             metrics.ASR_RTF.observe(turn.decode_ms / 1000 / audio_s)
         if not result.text:
             self.turn_state.turn_empty()
-            await self.out.event("turn.empty", reason="no_words")
+            await self.out.send(ev.TurnEmpty(reason="no_words"))
             return False
-        await self.out.event("transcript.final", text=result.text, language=result.language,
-                             audio_ms=int(audio_s * 1000))
+        await self.out.send(ev.TranscriptFinal(text=result.text, language=result.language,
+                                               audio_ms=int(audio_s * 1000)))
         return True
 
     # ---- speculative end of turn (see pipeline/speculation.py) ----------------------

@@ -15,21 +15,24 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
+from pipeline.session.events import ServerEvent
+from pipeline.session.types import Outbox
+
 
 class HeldOutbox:
     """Wraps an outbox: events are held (in order) until :meth:`release`, then flushed
     and passed straight through; audio waits for the release."""
 
-    def __init__(self, out) -> None:
+    def __init__(self, out: Outbox) -> None:
         self.out = out
         self.released = asyncio.Event()
-        self._held: list[tuple[str, dict]] = []
+        self._held: list[ServerEvent] = []
 
-    async def event(self, kind: str, **fields) -> None:
+    async def send(self, event: ServerEvent) -> None:
         if self.released.is_set():
-            await self.out.event(kind, **fields)
+            await self.out.send(event)
         else:
-            self._held.append((kind, fields))
+            self._held.append(event)
 
     async def audio(self, response_id: int, pcm16: bytes) -> None:
         await self.released.wait()
@@ -38,8 +41,7 @@ class HeldOutbox:
     async def release(self) -> None:
         """Send what was held, then let everything through."""
         while self._held:  # events held while flushing are sent in order too
-            kind, fields = self._held.pop(0)
-            await self.out.event(kind, **fields)
+            await self.out.send(self._held.pop(0))
         self.released.set()
 
     @property

@@ -1,0 +1,209 @@
+"""The wire protocol's events, both directions, as typed classes (protocol version 1).
+
+Every JSON text frame is one event with a ``type`` field (docs/PROTOCOL.md is the
+reference; docs/protocol.schema.json is generated from these classes). Client events are
+validated strictly at the edge (:func:`server.protocol.parse_client_event`); server
+events are built by the session as these classes and serialized only at the edge
+(:func:`server.protocol.encode_event`). Binary frames (audio) are not events: the client
+sends raw samples in its declared format, the server sends a 4-byte ``response_id``
+header + PCM16 (:func:`server.protocol.audio_frame`).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+PROTOCOL_VERSION = 1
+MAX_TEXT_CHARS = 8000
+"""Longest ``text.input`` / ``system_prompt`` accepted (characters)."""
+
+
+# ---- client → server --------------------------------------------------------------------
+
+
+class _ClientEvent(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+
+class SessionStart(_ClientEvent):
+    """Start (or restart) a session and declare the audio formats."""
+
+    type: Literal["session.start"]
+    sample_rate: int = Field(16000, ge=8000, le=48000, description="input rate (Hz)")
+    format: Literal["pcm16", "f32"] = Field("pcm16", description="little-endian PCM16, or float32 in [-1, 1]")
+    channels: int = Field(1, ge=1, le=2, description="1 (mono) or 2 (interleaved stereo)")
+    output_sample_rate: int = Field(24000, ge=8000, le=48000, description="reply audio rate (Hz)")
+    system_prompt: str | None = Field(None, max_length=MAX_TEXT_CHARS, description="replaces the system prompt")
+    language: str | None = Field(None, min_length=2, max_length=8, description="ISO code; null: detect")
+    vad: bool = Field(True, description="server VAD finds turns; false: a turn ends at input.end")
+
+
+class InputEnd(_ClientEvent):
+    """The user's turn is over now (end of file, push-to-talk release)."""
+
+    type: Literal["input.end"]
+
+
+class TextInput(_ClientEvent):
+    """A typed user turn."""
+
+    type: Literal["text.input"]
+    text: str = Field(min_length=1, max_length=MAX_TEXT_CHARS)
+
+
+class ResponseCancel(_ClientEvent):
+    """Stop the current reply."""
+
+    type: Literal["response.cancel"]
+
+
+class SessionEnd(_ClientEvent):
+    """Close the session; the server closes the socket with code 1000."""
+
+    type: Literal["session.end"]
+
+
+ClientEvent = Annotated[SessionStart | InputEnd | TextInput | ResponseCancel | SessionEnd,
+                        Field(discriminator="type")]
+"""Any client → server event (a pydantic discriminated union on ``type``)."""
+
+CLIENT_EVENTS: tuple[type[BaseModel], ...] = (SessionStart, InputEnd, TextInput, ResponseCancel, SessionEnd)
+
+
+# ---- server → client --------------------------------------------------------------------
+
+
+class _ServerEvent(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class AudioFormat(BaseModel):
+    """An audio format as ``session.started`` reports it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    sample_rate: int = Field(description="Hz")
+    format: Literal["pcm16", "f32"]
+    channels: int
+
+
+class SessionStarted(_ServerEvent):
+    """The session (re)started with these formats."""
+
+    type: Literal["session.started"] = "session.started"
+    session_id: str
+    protocol: int = PROTOCOL_VERSION
+    input: AudioFormat
+    output: AudioFormat
+
+
+class SpeechStarted(_ServerEvent):
+    """VAD found speech at ``audio_ms`` (position in the session's input stream, ms)."""
+
+    type: Literal["speech.started"] = "speech.started"
+    audio_ms: int
+
+
+class SpeechStopped(_ServerEvent):
+    """The turn's speech ended at ``audio_ms``."""
+
+    type: Literal["speech.stopped"] = "speech.stopped"
+    audio_ms: int
+    reason: Literal["silence", "max_length", "input_end", "restart"]
+
+
+class TranscriptPartial(_ServerEvent):
+    """The transcript so far: ``committed`` never changes, ``unstable`` may."""
+
+    type: Literal["transcript.partial"] = "transcript.partial"
+    committed: str
+    unstable: str
+    text: str
+    language: str | None
+
+
+class TranscriptFinal(_ServerEvent):
+    """The turn's transcript; ``audio_ms`` is the utterance's length."""
+
+    type: Literal["transcript.final"] = "transcript.final"
+    text: str
+    language: str | None
+    audio_ms: int
+
+
+class TurnEmpty(_ServerEvent):
+    """A turn (or ``input.end``) produced no words: no reply follows."""
+
+    type: Literal["turn.empty"] = "turn.empty"
+    reason: Literal["no_speech", "no_words", "restart"]
+
+
+class ResponseStarted(_ServerEvent):
+    """A reply begins."""
+
+    type: Literal["response.started"] = "response.started"
+    response_id: int
+    user_text: str
+
+
+class ResponseTextDelta(_ServerEvent):
+    """Reply text as the LLM writes it (markdown kept)."""
+
+    type: Literal["response.text.delta"] = "response.text.delta"
+    response_id: int
+    delta: str
+
+
+class ResponseDone(_ServerEvent):
+    """The reply is complete. ``timings_ms``: see docs/PROTOCOL.md."""
+
+    type: Literal["response.done"] = "response.done"
+    response_id: int
+    text: str
+    fallback: bool = Field(description="the model said nothing speakable and a stock line was spoken")
+    finish_reason: Literal["stop", "length", "abort", "error"]
+    output_tokens: int
+    audio_s: float
+    timings_ms: dict[str, float]
+
+
+CancelReason = Literal["client", "barge_in", "continued", "new_turn", "restart"]
+
+
+class ResponseCancelled(_ServerEvent):
+    """The reply was stopped; ``spoken_text`` is what was sent for playback."""
+
+    type: Literal["response.cancelled"] = "response.cancelled"
+    response_id: int
+    spoken_text: str
+    reason: CancelReason
+
+
+ErrorCode = Literal["bad_json", "unknown_type", "bad_event", "no_session", "bad_audio", "busy", "asr_failed",
+                    "tts_failed", "reply_failed", "not_ready", "internal"]
+
+
+class Error(_ServerEvent):
+    """Something went wrong; ``fatal``: the server closes the connection."""
+
+    type: Literal["error"] = "error"
+    code: ErrorCode
+    message: str
+    fatal: bool = False
+
+
+ServerEvent = Annotated[SessionStarted | SpeechStarted | SpeechStopped | TranscriptPartial | TranscriptFinal | TurnEmpty
+                        | ResponseStarted | ResponseTextDelta | ResponseDone | ResponseCancelled | Error,
+                        Field(discriminator="type")]
+"""Any server → client event."""
+
+SERVER_EVENTS: tuple[type[BaseModel], ...] = (
+    SessionStarted, SpeechStarted, SpeechStopped, TranscriptPartial, TranscriptFinal, TurnEmpty,
+    ResponseStarted, ResponseTextDelta, ResponseDone, ResponseCancelled, Error,
+)
+
+
+def event_type(cls: type[BaseModel]) -> str:
+    """The ``type`` string of an event class (e.g. ``"session.start"``)."""
+    return str(cls.model_fields["type"].annotation.__args__[0])  # type: ignore[union-attr]

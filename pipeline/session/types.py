@@ -1,0 +1,69 @@
+"""Types of the session room: the outbox every sender uses, and the turn events of the
+turn tracker (16 kHz sample indices in the session's input stream)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from pipeline.session.events import ServerEvent
+
+
+class Outbox(Protocol):
+    """Where a session sends events and reply audio (the server implements it over the
+    WebSocket; :class:`~pipeline.session.speculation.HeldOutbox` holds a speculation's).
+
+    ``send`` and ``audio`` may wait for room (back-pressure from a slow client) and may
+    raise the transport's error when the client is gone or too slow.
+    """
+
+    async def send(self, event: ServerEvent) -> None:
+        """Send one server event."""
+        ...
+
+    async def audio(self, response_id: int, pcm16: bytes) -> None:
+        """Send reply audio: PCM16 mono bytes at the session's output rate."""
+        ...
+
+
+@dataclass(slots=True, frozen=True)
+class SpeechStart:
+    """Speech began at ``sample`` (16 kHz sample index in the session's stream)."""
+
+    sample: int
+
+
+@dataclass(slots=True, frozen=True)
+class SpeechPause:
+    """Confirmed speech has been silent for ``early_end_ms`` since sample ``end``: the
+    turn may be ending (it ends for sure only at ``end_silence_ms``). Emitted once per
+    silence; the session starts a speculative final transcript and reply here."""
+
+    start: int
+    end: int
+
+
+@dataclass(slots=True, frozen=True)
+class SpeechResume:
+    """Speech came back after a :class:`SpeechPause`, before the turn ended."""
+
+    sample: int
+
+
+EndReason = Literal["silence", "max_length", "input_end"]
+
+
+@dataclass(slots=True, frozen=True)
+class SpeechEnd:
+    """The turn ended: speech ran from ``start`` to ``end`` (16 kHz sample indices).
+
+    ``reason`` is ``silence`` (end-of-speech silence), ``max_length`` or ``input_end``.
+    """
+
+    start: int
+    end: int
+    reason: EndReason
+
+
+TurnEvent = SpeechStart | SpeechPause | SpeechResume | SpeechEnd
+"""What the endpointer (and the turn tracker) reports."""

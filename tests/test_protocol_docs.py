@@ -1,0 +1,127 @@
+"""The protocol's three descriptions agree: the event classes (pipeline/session/events.py),
+docs/PROTOCOL.md and docs/protocol.schema.json — every event type and field in one is in
+the others. No server, no model."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import get_args
+
+import jsonschema
+import pytest
+
+from pipeline.session import events as ev
+from server.protocol import encode_event, json_schema
+
+ROOT = Path(__file__).resolve().parent.parent
+DOC = (ROOT / "docs" / "PROTOCOL.md").read_text(encoding="utf-8")
+SCHEMA_FILE = ROOT / "docs" / "protocol.schema.json"
+
+
+def _section(title: str) -> str:
+    """The text of the ``## title`` section of PROTOCOL.md."""
+    start = DOC.index(f"## {title}")
+    end = DOC.find("\n## ", start + 1)
+    return DOC[start : end if end >= 0 else None]
+
+
+def _documented_client_types() -> set[str]:
+    return set(re.findall(r"^### `([a-z_.]+)`", _section("Client → server"), flags=re.M))
+
+
+def _server_rows() -> dict[str, str]:
+    """``type`` → its row in the server event table."""
+    rows = re.findall(r"^\| `([a-z_.]+)` \|(.*)$", _section("Server → client"), flags=re.M)
+    return {kind: row for kind, row in rows if "." in kind or kind == "error"}
+
+
+def _fields(cls) -> list[str]:
+    return [name for name in cls.model_fields if name != "type"]
+
+
+def test_every_client_event_is_documented_and_every_documented_one_exists():
+    code = {ev.event_type(cls) for cls in ev.CLIENT_EVENTS}
+    assert code == _documented_client_types()
+
+
+def test_every_server_event_is_documented_with_its_fields_and_the_reverse():
+    rows = _server_rows()
+    assert {ev.event_type(cls) for cls in ev.SERVER_EVENTS} == set(rows)
+    for cls in ev.SERVER_EVENTS:
+        row = rows[ev.event_type(cls)]
+        missing = [f for f in _fields(cls) if f"`{f}`" not in row]
+        assert not missing, f"{ev.event_type(cls)}: fields {missing} not in PROTOCOL.md's table"
+
+
+def test_session_start_fields_are_documented():
+    section = _section("Client → server")
+    for field in _fields(ev.SessionStart):
+        assert f"| `{field}` |" in section
+
+
+def test_error_codes_match_the_documented_table():
+    table = _section("Server → client").split("### Error codes", 1)[1]
+    documented = set(re.findall(r"`([a-z_]+)`", "\n".join(line.split("|")[1] for line in table.splitlines()
+                                                            if line.startswith("| `"))))
+    assert documented == set(get_args(ev.ErrorCode))
+
+
+def test_committed_schema_is_generated_from_the_classes():
+    committed = json.loads(SCHEMA_FILE.read_text(encoding="utf-8"))
+    assert committed == json_schema(), "docs/protocol.schema.json is stale: python -m server.protocol > it"
+
+
+def test_schema_names_every_event_type_in_both_directions():
+    schema = json_schema()
+    client = schema["$defs"]["ClientEvent"]["discriminator"]["mapping"]
+    server = schema["$defs"]["ServerEvent"]["discriminator"]["mapping"]
+    assert set(client) == {ev.event_type(c) for c in ev.CLIENT_EVENTS}
+    assert set(server) == {ev.event_type(c) for c in ev.SERVER_EVENTS}
+
+
+SAMPLES: list[ev.ServerEvent] = [
+    ev.SessionStarted(session_id="abc", input=ev.AudioFormat(sample_rate=48000, format="f32", channels=2),
+                      output=ev.AudioFormat(sample_rate=24000, format="pcm16", channels=1)),
+    ev.SpeechStarted(audio_ms=320),
+    ev.SpeechStopped(audio_ms=2790, reason="silence"),
+    ev.TranscriptPartial(committed="Go", unstable="forward", text="Go forward", language="en"),
+    ev.TranscriptFinal(text="Go forward ten meters.", language="en", audio_ms=2870),
+    ev.TurnEmpty(reason="no_words"),
+    ev.ResponseStarted(response_id=1, user_text="Hi"),
+    ev.ResponseTextDelta(response_id=1, delta="Sure"),
+    ev.ResponseDone(response_id=1, text="Sure.", fallback=False, finish_reason="stop", output_tokens=3,
+                    audio_s=0.5, timings_ms={"llm_ttft": 120.5}),
+    ev.ResponseCancelled(response_id=1, spoken_text="", reason="barge_in"),
+    ev.Error(code="busy", message="llm is busy", fatal=False),
+]
+
+
+def test_samples_cover_every_server_event():
+    assert {type(s) for s in SAMPLES} == set(ev.SERVER_EVENTS)
+
+
+@pytest.mark.parametrize("event", SAMPLES, ids=lambda e: e.type)
+def test_server_events_on_the_wire_validate_against_the_schema(event):
+    frame = json.loads(encode_event(event))
+    assert frame["type"] == event.type and list(frame)[0] == "type"
+    jsonschema.validate(frame, {**json_schema(), "oneOf": [{"$ref": "#/$defs/ServerEvent"}]})
+
+
+@pytest.mark.parametrize("frame", [
+    {"type": "session.start", "sample_rate": 48000, "format": "f32", "channels": 1},
+    {"type": "input.end"}, {"type": "text.input", "text": "hello"}, {"type": "response.cancel"},
+    {"type": "session.end"},
+])
+def test_client_examples_validate_against_the_schema(frame):
+    jsonschema.validate(frame, {**json_schema(), "oneOf": [{"$ref": "#/$defs/ClientEvent"}]})
+
+
+@pytest.mark.parametrize("frame", [
+    {"type": "session.start", "sample_rate": 4000}, {"type": "text.input", "text": ""}, {"type": "nope"},
+    {"type": "session.start", "format": "mp3"},
+])
+def test_schema_rejects_what_the_server_rejects(frame):
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(frame, {**json_schema(), "oneOf": [{"$ref": "#/$defs/ClientEvent"}]})
