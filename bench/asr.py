@@ -119,7 +119,7 @@ async def _session(engine, clips, first: int, speed: float, stats: dict) -> None
 
 
 async def _run(engine, clips, n: int, speed: float) -> dict:
-    stats = {"latency": [], "finals": [], "intervals": []}
+    stats: dict[str, list] = {"latency": [], "finals": [], "intervals": []}
     await asyncio.gather(*(_session(engine, clips, i * len(clips) // max(n, 1), speed, stats) for i in range(n)))
     return stats
 
@@ -258,7 +258,8 @@ def main(args) -> int:
     clips = load_clips(Path(args.audio_dir))
     offline = {name: engine.transcribe(AsrRequest(x)).text for name, x, _ in clips}
     engine.start()
-    rows, captured = [], []
+    rows: list[Row] = []
+    captured: list = []
     for n in args.sessions:
         rows.append(streaming_row(engine, clips, n, args.speed, offline, captured if n == max(args.sessions) else None))
     engine.stop()

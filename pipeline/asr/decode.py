@@ -63,6 +63,13 @@ class _Item:
     prefix_ids: list[int]
     language: str | None
     result: DecodeResult | None = None
+
+    @property
+    def done(self) -> DecodeResult:
+        """The result, once :meth:`BatchDecoder._run_group` set it."""
+        if self.result is None:
+            raise RuntimeError("decode item has no result yet")
+        return self.result
     full: str = ""  # prefix + kept continuation (what is aligned)
 
 
@@ -112,7 +119,7 @@ class BatchDecoder:
                     out[it.index] = exc
                 continue
             for it in group:
-                out[it.index] = it.result
+                out[it.index] = it.done
         ms = (time.perf_counter() - t0) * 1000
         for res in out:
             if isinstance(res, DecodeResult):
@@ -206,11 +213,11 @@ class BatchDecoder:
 
         by_lang: dict[str, list[int]] = {}
         for k, it in enumerate(group):
-            it.full = _join(it.req.prefix, it.result.text)
+            it.full = _join(it.req.prefix, it.done.text)
             if it.req.word_times and it.full:
                 by_lang.setdefault(it.language or "en", []).append(k)
             elif it.req.word_times:
-                it.result.words = []
+                it.done.words = []
         for lang, ks in by_lang.items():
             tok = self.tokenizer(lang)
             tokens = [tok.encode(" " + group[k].full) for k in ks]
@@ -218,7 +225,7 @@ class BatchDecoder:
             sv = ctranslate2.StorageView.from_array(np.ascontiguousarray(enc_np[ks]))
             aligned = self.model.find_alignment(tok, tokens, sv, frames)
             for k, words in zip(ks, aligned):
-                group[k].result.words = _timed_words(group[k].full, words)
+                group[k].done.words = _timed_words(group[k].full, words)
 
 
 def _budget(it: _Item) -> int:

@@ -64,19 +64,19 @@ class AsrEngine(BatchWorker[DecodeRequest | AsrRequest, DecodeResult | Transcrip
             self.busy_s += time.perf_counter() - t0
 
     def _process(self, items: list[DecodeRequest | AsrRequest]) -> list[DecodeResult | Transcript | BaseException]:
-        out: list = [None] * len(items)
-        stream = [i for i, it in enumerate(items) if isinstance(it, DecodeRequest)]
+        out: list[DecodeResult | Transcript | BaseException | None] = [None] * len(items)
+        stream = [(i, it) for i, it in enumerate(items) if isinstance(it, DecodeRequest)]
         if stream:
             self.batch_sizes = (self.batch_sizes + [len(stream)])[-1000:]
-            for i, res in zip(stream, self.decoder.decode([items[i] for i in stream])):
+            for (i, _), res in zip(stream, self.decoder.decode([it for _, it in stream])):
                 out[i] = res
         for i, it in enumerate(items):
-            if out[i] is None:
+            if isinstance(it, AsrRequest):
                 try:
                     out[i] = self.transcribe(it)
                 except Exception as exc:  # noqa: BLE001 - one bad request must not fail others
                     out[i] = exc
-        return out
+        return [r if r is not None else RuntimeError("no result") for r in out]
 
     def decode(self, reqs: list[DecodeRequest]) -> list[DecodeResult | BaseException]:
         """Decode streaming requests synchronously as one batch (worker thread, tests, bench)."""

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pipeline.config import TtsConfig
 
 
@@ -26,7 +28,7 @@ def load_voice(cfg: TtsConfig):
     if cfg.voice == "joe":
         onnx_path, json_path = model_files.piper_joe_files()
     else:
-        onnx_path, json_path = cfg.voice, cfg.voice + ".json"
+        onnx_path, json_path = Path(cfg.voice), Path(cfg.voice + ".json")
     for p in (onnx_path, json_path):
         if not os.path.exists(p):
             raise FileNotFoundError(f"Piper voice file not found: {p}")
