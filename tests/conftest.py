@@ -67,9 +67,10 @@ def running_server(log: Path, *args: str, ready_s: float = 600):
         finally:
             proc.terminate()
             try:
-                proc.wait(timeout=20)
+                proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 proc.kill()
+                proc.wait()
 
 
 @pytest.fixture(scope="session")

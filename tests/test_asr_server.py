@@ -13,7 +13,9 @@ from audio.pcm import resample
 from audio.wav import read_mono
 from tests.conftest import running_server
 from tests.test_asr_stream import dropped_phrases
-from tests.wsclient import Client, wer
+from tests.wsclient import CONTROL_DEADLINE_S, MODEL_DEADLINE_S, Client, wer
+
+pytestmark = pytest.mark.slow  # every test here runs a real server
 
 RATE = 16000
 FRAME = RATE // 50  # 20 ms
@@ -41,17 +43,19 @@ async def send_paced(c: Client, x: np.ndarray, speed: float, sent: list | None =
             sent[0] = (i + FRAME) / RATE
 
 
-async def turn_result(c: Client, n: int, timeout: float = 60) -> dict:
+async def turn_result(c: Client, n: int, deadline_s: float = MODEL_DEADLINE_S) -> dict:
     """Wait for the end of the turn (``transcript.final`` or ``turn.empty``) after event ``n``."""
     return await c.wait_for(lambda e: e["type"] in ("transcript.final", "turn.empty")
-                            and c.conv.events.index(e) >= n, timeout)
+                            and c.conv.events.index(e) >= n, deadline_s)
 
 
-async def quiet(c: Client, for_s: float, timeout: float) -> None:
-    """Wait until ``c`` has received nothing for ``for_s`` seconds (at most ``timeout``)."""
+async def quiet(c: Client, for_s: float, deadline_s: float) -> None:
+    """Wait until ``c`` has received nothing for ``for_s`` seconds; fail if that does not
+    happen within ``deadline_s``."""
     loop = asyncio.get_running_loop()
-    deadline, n, since = loop.time() + timeout, len(c.conv.events), loop.time()
-    while loop.time() < deadline and loop.time() - since < for_s:
+    deadline, n, since = loop.time() + deadline_s, len(c.conv.events), loop.time()
+    while loop.time() - since < for_s:
+        assert loop.time() < deadline, f"events kept coming for {deadline_s} s: {[e['type'] for e in c.conv.events]}"
         await asyncio.sleep(0.1)
         if len(c.conv.events) != n:
             n, since = len(c.conv.events), loop.time()
@@ -60,7 +64,7 @@ async def quiet(c: Client, for_s: float, timeout: float) -> None:
 @pytest.fixture(scope="module")
 def base_server(tmp_path_factory):
     """``voxpipe serve --asr-model base`` (multilingual Whisper base) on a free port."""
-    with running_server(tmp_path_factory.mktemp("base") / "serve.log", "--asr-model", "base", ready_s=300) as (port, _):
+    with running_server(tmp_path_factory.mktemp("base") / "serve.log", "--asr-model", "base") as (port, _):
         yield f"ws://127.0.0.1:{port}/ws"
 
 
@@ -99,7 +103,7 @@ async def test_language_is_detected_when_not_given(base_server, audio_dir, manif
 async def test_unknown_language_is_reported_and_detected(base_server):
     async with Client(base_server) as c:
         await c.start(sample_rate=RATE, language="xx")
-        err = await c.wait_for("error", 5)
+        err = await c.wait_for("error", CONTROL_DEADLINE_S)
         assert err["code"] == "bad_event" and not err["fatal"]
 
 
@@ -120,7 +124,7 @@ async def test_utterance_past_30_s_keeps_partials_and_loses_no_words(server, aud
         watcher = asyncio.create_task(watch(c))
         await send_paced(c, x, speed=2.0, sent=sent)
         await c.send_json({"type": "input.end"})
-        final = await turn_result(c, 0, timeout=90)
+        final = await turn_result(c, 0)
         watcher.cancel()
         await c.send_json({"type": "response.cancel"})
     partials = c.conv.of("transcript.partial")
@@ -129,8 +133,12 @@ async def test_utterance_past_30_s_keeps_partials_and_loses_no_words(server, aud
     ref = " ".join(manifest[n]["reference_transcript"] for n in names)
     assert dropped_phrases(ref, final["text"]) == [], final["text"]
     assert wer(ref, final["text"]) <= 0.06, final["text"]  # tiny.en clip by clip offline: 0.041
-    late = [t for t in arrivals if t > 31.0]
-    assert len(late) >= (len(x) / RATE - 31.0) / 2.0, arrivals  # still about one per 2 s of audio
+    # Partials keep coming after 30 s of audio: several arrive once more than 31 s have
+    # been sent, and they move on (not one partial repeated). How many arrive depends on
+    # how fast the machine decodes, so only a small number is required.
+    late = [p for t, p in zip(arrivals, partials) if t > 31.0]
+    assert len(late) >= 3, arrivals
+    assert len({p["text"] for p in late}) >= 2, [p["text"] for p in late]
 
 
 async def test_silence_padded_clip_gives_exactly_its_sentence(server, audio_dir, manifest):
@@ -139,7 +147,7 @@ async def test_silence_padded_clip_gives_exactly_its_sentence(server, audio_dir,
         await c.start(sample_rate=RATE)
         await send_paced(c, clip(audio_dir, name), speed=4.0)
         await c.send_json({"type": "input.end"})
-        final = await c.wait_for("transcript.final", 30)
+        final = await c.wait_for("transcript.final")
         await c.send_json({"type": "response.cancel"})
         await asyncio.sleep(0.5)
     assert len(c.conv.of("transcript.final")) == 1 and len(c.conv.of("speech.started")) == 1
@@ -158,8 +166,10 @@ async def test_idle_sessions_stay_quiet_and_usable(server, audio_dir):
         # stop inside "fellow Americans": JFK pauses after it (and after "ask not"), so
         # a longer cut would end a turn and start a reply that legitimately streams on
         await send_paced(stalled, x[: int(2.0 * RATE)], speed=4.0)
-        await quiet(stalled, 2.0, timeout=30.0)  # mid-speech, nothing more arrives: the update
-        n = len(stalled.conv.events)  # in flight may still answer, then nothing comes
+        # mid-speech, nothing more arrives: the update in flight may still answer (it may
+        # take seconds on a busy machine, hence the long quiet spell), then nothing comes
+        await quiet(stalled, 5.0, deadline_s=MODEL_DEADLINE_S)
+        n = len(stalled.conv.events)
         await asyncio.sleep(1.5)
         assert [e["type"] for e in stalled.conv.events[n:]] == []
         await stalled.send_json({"type": "input.end"})
@@ -167,9 +177,10 @@ async def test_idle_sessions_stay_quiet_and_usable(server, audio_dir):
         assert "fellow" in final["text"].lower()
         assert [e["type"] for e in idle.conv.events] == ["session.started"]
         await idle.send_json({"type": "input.end"})
-        assert (await idle.wait_for("turn.empty", 10))["reason"] == "no_speech"
+        assert (await idle.wait_for("turn.empty", CONTROL_DEADLINE_S))["reason"] == "no_speech"
 
 
+@pytest.mark.timeout(1200)  # generous deadlines below: a busy machine decodes ~90 s slowly
 async def test_speech_sent_much_faster_than_real_time_loses_no_words(server, audio_dir, manifest):
     """~90 s of speech (short pauses, VAD on) sent as fast as the socket takes it, in
     100 ms messages: the turn's buffer is decoded behind the audio, and catching up must
@@ -187,9 +198,9 @@ async def test_speech_sent_much_faster_than_real_time_loses_no_words(server, aud
         await c.start(sample_rate=RATE)
         await c.send_audio(pcm16(x), chunk=3200)
         await c.send_json({"type": "input.end"})
-        end = await c.wait_for(lambda e: e["type"] == "speech.stopped" and e["reason"] == "input_end", 60)
+        end = await c.wait_for(lambda e: e["type"] == "speech.stopped" and e["reason"] == "input_end")
         i = c.conv.events.index(end)
-        done = await c.wait_for(lambda e: e["type"] == "response.started" and c.conv.events.index(e) > i, 180)
+        done = await c.wait_for(lambda e: e["type"] == "response.started" and c.conv.events.index(e) > i, 600)
         await c.send_json({"type": "response.cancel"})
     ref = " ".join(manifest[n]["reference_transcript"] for n in names)
     heard = done["user_text"]

@@ -23,6 +23,8 @@ from tests.wsclient import normalize, wer
 RATE = 16000
 STEP = RATE // 50  # 20 ms frames, as a client sends them
 
+pytestmark = pytest.mark.slow  # every test here runs the real Whisper models
+
 
 @pytest.fixture(scope="module")
 def asr():

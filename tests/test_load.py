@@ -6,7 +6,14 @@ import asyncio
 import re
 import urllib.request
 
-from tests.wsclient import Client
+import pytest
+
+from tests.wsclient import MODEL_DEADLINE_S, Client
+
+pytestmark = pytest.mark.slow  # every test here runs a real server
+
+
+STEPS = "voxpipe_llm_batch_size_count"  # LLM steps that ran a request
 
 
 def metric(server, name: str) -> float:
@@ -16,9 +23,11 @@ def metric(server, name: str) -> float:
     return float(m.group(1))
 
 
-async def wait_metric(server, name: str, want: float, timeout: float) -> float:
+async def wait_metric(server, name: str, want: float, deadline_s: float = MODEL_DEADLINE_S) -> float:
+    """Poll the gauge ``name`` until it reads ``want``; return its last value (``want``, or
+    what it read when ``deadline_s`` ran out)."""
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
+    deadline = loop.time() + deadline_s
     while True:
         v = await asyncio.to_thread(metric, server, name)
         if v == want or loop.time() > deadline:
@@ -30,16 +39,22 @@ async def test_abrupt_disconnect_aborts_generation_and_server_goes_on(server):
     async with Client(server["url"]) as c:
         await c.start(sample_rate=16000)
         await c.send_json({"type": "text.input", "text": "Count from one to two hundred, one number per line."})
-        await c.wait_for("response.text.delta", 60)
-        assert await wait_metric(server, "voxpipe_llm_running", 1.0, 5) == 1.0
+        await c.wait_for("response.text.delta")
+        assert await wait_metric(server, "voxpipe_llm_running", 1.0) == 1.0
+        steps = await asyncio.to_thread(metric, server, STEPS)
         c.ws.transport.abort()  # TCP reset, no close frame
-    assert await wait_metric(server, "voxpipe_llm_running", 0.0, 2.0) == 0.0
+    assert await wait_metric(server, "voxpipe_llm_running", 0.0) == 0.0
+    # aborted, not run out: counted in decode steps rather than seconds (a busy machine
+    # is slow either way), it stopped well before its max_new_tokens (96) were generated
+    after = await asyncio.to_thread(metric, server, STEPS)
+    assert after - steps < 48, (steps, after)
     async with Client(server["url"]) as c:
         await c.start(sample_rate=16000)
         await c.send_json({"type": "text.input", "text": "Say hi."})
-        assert (await c.wait_for("response.done", 60))["text"]
+        assert (await c.wait_for("response.done"))["text"]
 
 
+@pytest.mark.timeout(1500)  # thirty replies on a busy two-core machine take a while
 async def test_thirty_concurrent_sessions_complete_or_get_busy(server):
     async def one(i: int) -> str:
         async with Client(server["url"]) as c:
@@ -47,17 +62,17 @@ async def test_thirty_concurrent_sessions_complete_or_get_busy(server):
             text = "What is the capital of France?" if i % 2 else "Tell me a short story about a brave little fox."
             await c.send_json({"type": "text.input", "text": text})
             ev = await c.wait_for(lambda e: e["type"] == "response.done"
-                                  or (e["type"] == "error" and e["code"] == "busy"), 240)
+                                  or (e["type"] == "error" and e["code"] == "busy"), 900)
             return ev["type"]
 
     results = await asyncio.gather(*(one(i) for i in range(30)))
     assert set(results) <= {"response.done", "error"}
     assert results.count("response.done") >= 1
-    assert await wait_metric(server, "voxpipe_llm_running", 0.0, 5) == 0.0
+    assert await wait_metric(server, "voxpipe_llm_running", 0.0) == 0.0
     async with Client(server["url"]) as c:  # still serving
         await c.start(sample_rate=16000)
         await c.send_json({"type": "text.input", "text": "Say hi."})
-        assert (await c.wait_for("response.done", 60))["text"]
+        assert (await c.wait_for("response.done"))["text"]
 
 
 def rss_mb(pid: int) -> float:
@@ -83,11 +98,11 @@ async def test_client_that_never_reads_does_not_hurt_others(server):
         await asyncio.sleep(2.0)
         async with Client(server["url"]) as c:
             await c.start(sample_rate=16000)
-            t0 = asyncio.get_running_loop().time()
             await c.send_json({"type": "text.input", "text": "What is the capital of France?"})
-            done = await c.wait_for("response.done", 60)
+            # served normally: the reply comes, whole (how soon depends on the machine, so
+            # the stuck client shows as a hang here rather than as a latency bound)
+            done = await c.wait_for("response.done")
             assert "paris" in done["text"].lower()
-            assert asyncio.get_running_loop().time() - t0 < 30
         assert rss_mb(server["proc"].pid) - before < 300
     finally:
         lazy.transport.abort()

@@ -48,6 +48,7 @@ def clip(audio_dir, name):
     return resample(x, sr, 16000)
 
 
+@pytest.mark.slow
 def test_asr_english_clips_within_wer(asr, audio_dir, manifest):
     for name, row in manifest.items():
         if row["language"] != "en" or "hard" in name:
@@ -56,15 +57,17 @@ def test_asr_english_clips_within_wer(asr, audio_dir, manifest):
         assert wer(row["reference_transcript"], text) <= 0.25, (name, text)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["zeros", "noise-60dBFS"])
 def test_asr_silence_gives_no_words(asr, kind):
     rng = np.random.default_rng(0)
-    x = np.zeros(16000 * 5, np.float32) if kind == "zeros" else (rng.standard_normal(16000 * 5) * 1e-3).astype(np.float32)
+    n = 16000 * 5
+    x = np.zeros(n, np.float32) if kind == "zeros" else (rng.standard_normal(n) * 1e-3).astype(np.float32)
     assert asr.transcribe(AsrRequest(x)).text == ""
 
 
-def turns(vad, x, cfg=TurnConfig()):
-    ep, stream = Endpointer(cfg), vad.stream()
+def turns(vad, x, cfg: TurnConfig | None = None):
+    ep, stream = Endpointer(cfg or TurnConfig()), vad.stream()
     out = []
     for i in range(0, len(x), 4096):
         out += [e for e in ep.feed(stream.feed(x[i : i + 4096])) if isinstance(e, SpeechEnd)]
@@ -73,6 +76,7 @@ def turns(vad, x, cfg=TurnConfig()):
     return out
 
 
+@pytest.mark.slow
 def test_vad_music_and_silence_have_no_turns(vad, audio_dir):
     assert turns(vad, clip(audio_dir, "xx_hard_music_brahms_hungarian_dance5_30s.wav")) == []
     assert turns(vad, np.zeros(16000 * 20, np.float32)) == []
@@ -80,6 +84,7 @@ def test_vad_music_and_silence_have_no_turns(vad, audio_dir):
     assert turns(vad, noise) == []
 
 
+@pytest.mark.slow
 def test_silence_padded_clip_gives_exactly_its_sentence(vad, asr, audio_dir, manifest):
     name = "en_hard_silencepad_librispeech_3752-4944-0000.wav"
     x = clip(audio_dir, name)
@@ -97,6 +102,7 @@ def test_cut_repetition():
     assert cut_repetition("ask not what your country can do for you") == "ask not what your country can do for you"
 
 
+@pytest.mark.slow  # the SmolLM2 tokenizer (converted from the GGUF on first use)
 @pytest.mark.parametrize("text", ["Hello 🙂 world! 你好, 世界. Ça va? 🎉🎉", "naïve café — 東京タワー 👍🏽"])
 def test_incremental_detok_is_exact(tokenizer, text):
     ids = tokenizer.encode(text, add_special_tokens=False)
@@ -106,6 +112,7 @@ def test_incremental_detok_is_exact(tokenizer, text):
     assert not any("\ufffd" in x for x in deltas)
 
 
+@pytest.mark.slow
 def test_tts_speaks_words_and_skips_empty():
     tts = TtsEngine(load_voice(TtsConfig()), TtsConfig())
     assert len(tts.synthesize("Hello there, how are you?").audio) > tts.sample_rate * 0.5

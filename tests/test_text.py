@@ -38,7 +38,8 @@ CHUNK_TABLE = [
     ("Sure, happy to help you with that, and here is the answer you wanted, in detail: it is 42.",
      ["Sure, happy to help you with that,", "and here is the answer you wanted, in detail: it is 42."]),
     # thousands separators and clock times are not clause boundaries
-    ("It costs 1,000 dollars at 9:30 in the morning. Fine.", ["It costs 1,000 dollars at 9:30 in the morning.", "Fine."]),
+    ("It costs 1,000 dollars at 9:30 in the morning. Fine.",
+     ["It costs 1,000 dollars at 9:30 in the morning.", "Fine."]),
     # URLs and e-mail addresses stay whole
     ("See https://example.com/a.b?x=1 for details. Or write to bob.smith@example.com today.",
      ["See https://example.com/a.b?x=1 for details.", "Or write to bob.smith@example.com today."]),

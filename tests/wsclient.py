@@ -14,6 +14,11 @@ from server.protocol import parse_audio_frame
 
 _NORMALIZER = None
 
+# Deadlines only bound a hang; they are generous so that a slow or busy machine (two
+# cores, both loaded) passes. Nothing here asserts how fast the server answers.
+CONTROL_DEADLINE_S = 60.0  # an answer that needs no model (session.started, a protocol error)
+MODEL_DEADLINE_S = 300.0  # an answer that runs ASR, the LLM or TTS
+
 
 def normalize(text: str) -> str:
     """Whisper's English text normalizer (case, punctuation, spelled-out numbers,
@@ -92,12 +97,14 @@ class Client:
         for i in range(0, len(data), chunk):
             await self.ws.send(data[i : i + chunk])
 
-    async def wait_for(self, pred, timeout: float = 120.0) -> dict:
-        """Wait until an event satisfies ``pred`` (a type string or a callable)."""
+    async def wait_for(self, pred, deadline_s: float = MODEL_DEADLINE_S) -> dict:
+        """Wait until an event satisfies ``pred`` (a type string or a callable); fail
+        after ``deadline_s``. The deadline only bounds a hang: callers pass a generous
+        one, never a latency they expect."""
         check = (lambda e: e["type"] == pred) if isinstance(pred, str) else pred
         seen = 0
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
+        deadline = loop.time() + deadline_s
         while True:
             for ev in self.conv.events[seen:]:
                 if check(ev):
@@ -106,7 +113,25 @@ class Client:
             self._new.clear()
             left = deadline - loop.time()
             if left <= 0:
-                raise TimeoutError(f"no matching event; got {[e['type'] for e in self.conv.events]}")
+                raise TimeoutError(f"no matching event in {deadline_s} s; got {[e['type'] for e in self.conv.events]}")
+            try:
+                await asyncio.wait_for(self._new.wait(), left)
+            except TimeoutError:
+                pass
+
+    async def wait_until(self, cond, deadline_s: float = MODEL_DEADLINE_S, what: str = "the condition") -> None:
+        """Wait until ``cond()`` holds, re-checking whenever a message (event or audio)
+        arrives; fail after ``deadline_s``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + deadline_s
+        while not cond():
+            self._new.clear()
+            if cond():
+                return
+            left = deadline - loop.time()
+            if left <= 0:
+                kinds = [e["type"] for e in self.conv.events]
+                raise TimeoutError(f"{what} did not hold in {deadline_s} s; got {kinds}")
             try:
                 await asyncio.wait_for(self._new.wait(), left)
             except TimeoutError:
@@ -114,13 +139,13 @@ class Client:
 
     async def start(self, **fields) -> dict:
         await self.send_json({"type": "session.start", **fields})
-        return await self.wait_for("session.started", 10)
+        return await self.wait_for("session.started", CONTROL_DEADLINE_S)
 
-    async def turn(self, data: bytes, timeout: float = 120.0) -> dict:
+    async def turn(self, data: bytes, deadline_s: float = MODEL_DEADLINE_S) -> dict:
         """Send a whole utterance then ``input.end``; return ``response.done`` or ``turn.empty``."""
         n = len(self.conv.events)
         await self.send_audio(data)
         await self.send_json({"type": "input.end"})
         return await self.wait_for(
-            lambda e: e["type"] in ("response.done", "turn.empty") and self.conv.events.index(e) >= n, timeout
+            lambda e: e["type"] in ("response.done", "turn.empty") and self.conv.events.index(e) >= n, deadline_s
         )
