@@ -90,7 +90,8 @@ class _GpuUtilization:
     ``torch.cuda.utilization`` (NVML through pynvml); None off CUDA or without NVML."""
 
     def __init__(self, device) -> None:
-        self.device, self.samples = device, []
+        self.device = device
+        self.samples: list[float] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True) if device.type == "cuda" else None
 
@@ -226,7 +227,7 @@ def main(args) -> int:
     ]
     loads = [f"closed c={args.concurrency}", f"poisson {args.rate}/s"]
     rows: list[Row] = []
-    models = {}
+    models: dict = {}
     for mode, dev, sched in modes:
         if dev not in models:
             models.clear()

@@ -1,4 +1,5 @@
-"""The decoding batch's slot KV (pipeline.llm.runner.batch_kv) and the packed bf16 linears (pipeline.llm.runner.cpu_linear).
+"""The decoding batch's slot KV (pipeline.llm.runner.batch_kv) and the packed bf16 linears
+(pipeline.llm.runner.cpu_linear).
 
 BatchKV is pure tensor bookkeeping, tested here with random tensors: after any sequence of
 joins, steps, leaves, trims and compactions every live slot must still see exactly its own

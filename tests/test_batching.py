@@ -8,7 +8,7 @@ import torch
 from pipeline.config import SchedulerConfig
 from pipeline.llm.runner.runner import ModelRunner
 from pipeline.llm.scheduler import Scheduler
-from pipeline.llm.types import SchedRequest, State
+from pipeline.llm.types import FinishReason, SamplingParams, SchedRequest, State
 
 
 def req(rid, n_prompt=4, max_new=3, arrival=0.0, eos=()):
@@ -50,7 +50,8 @@ def test_eos_finishes_without_output_token():
     s.add(r)
     p = s.schedule(now=1)
     out = s.update(p, {1: 0})
-    assert out == [(r, None)] and r.state is State.FINISHED and r.finish_reason == "stop" and r.output_ids == []
+    assert out == [(r, None)] and r.state is State.FINISHED and r.output_ids == []
+    assert r.finish_reason is FinishReason.STOP
 
 
 def test_abort_running_frees_row_next_step_and_waiting_immediately():
@@ -141,8 +142,9 @@ def tiny_model():
     return LlamaForCausalLM(cfg).eval().float()
 
 
-def run(model, specs, max_batch=8, prefill_budget=2048, prefix_len=0, runner=None, plans=None):
-    """specs: list of (arrival_step, prompt_ids, max_new). Returns rid -> output ids."""
+def run(model, specs, max_batch=8, prefill_budget=2048, prefix_len=0, runner=None, plans=None, sampling=None):
+    """specs: list of (arrival_step, prompt_ids, max_new); sampling: rid -> SamplingParams
+    (default greedy). Returns rid -> output ids."""
     sched = Scheduler(SchedulerConfig(max_batch_size=max_batch, max_wait_ms=0, max_prefill_tokens=prefill_budget))
     runner = runner or ModelRunner(model, torch.device("cpu"), pad_id=0)
     pending = sorted(enumerate(specs), key=lambda x: x[1][0])
@@ -150,7 +152,8 @@ def run(model, specs, max_batch=8, prefill_budget=2048, prefix_len=0, runner=Non
     while pending or sched.has_work():
         while pending and pending[0][1][0] <= step:
             rid, (_, prompt, n) = pending.pop(0)
-            reqs[rid] = SchedRequest(rid=rid, prompt_ids=prompt, max_new_tokens=n, arrival=0, prefix_len=prefix_len)
+            reqs[rid] = SchedRequest(rid=rid, prompt_ids=prompt, max_new_tokens=n, arrival=0, prefix_len=prefix_len,
+                                     sampling=(sampling or {}).get(rid, SamplingParams()))
             sched.add(reqs[rid])
         plan = sched.schedule(now=1e9)
         if not plan.empty:
@@ -176,6 +179,22 @@ def test_continuous_batching_is_token_identical_to_alone(tiny_model):
     prompt, n = specs[0][1], specs[0][2]
     ref = tiny_model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, min_new_tokens=n)
     assert together[0] == ref[0, len(prompt):].tolist()
+
+
+def test_sampling_travels_on_the_request_and_is_seeded_per_row(tiny_model):
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(1, 256, (int(torch.randint(3, 30, (1,), generator=g)),), generator=g).tolist()
+               for _ in range(4)]
+    specs = [(i, p, 20) for i, p in enumerate(prompts)]
+    sampling = {0: SamplingParams(1.0, 1.0, seed=7), 1: SamplingParams(0.8, 0.9, seed=7), 3: SamplingParams(1.0)}
+    together = run(tiny_model, specs, max_batch=4, sampling=sampling)  # rid 2 stays greedy
+    for rid, spec in enumerate(specs):
+        alone = run(tiny_model, [(0, spec[1], spec[2])], sampling={0: sampling[rid]} if rid in sampling else None)
+        assert together[rid] == alone[0], f"request {rid} differs"
+    greedy = run(tiny_model, [(0, prompts[0], 20)])[0]
+    assert together[0] != greedy  # it did sample
+    other_seed = run(tiny_model, [(0, prompts[0], 20)], sampling={0: SamplingParams(1.0, 1.0, seed=8)})[0]
+    assert other_seed != together[0]
 
 
 def test_runner_frees_rows_and_trims_padding(tiny_model):

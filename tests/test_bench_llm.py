@@ -16,6 +16,7 @@ def llm():
     return load_llm("smollm2", device="cpu", threads=1)
 
 
+@pytest.mark.slow
 def test_closed_loop_rows_and_table(llm):
     none = run_mode(llm, "no batching", SchedulerConfig(max_batch_size=1, max_wait_ms=0), "closed c=3", 6, 3, 1.5)
     dyn = run_mode(llm, "dynamic batching", SchedulerConfig(max_batch_size=8, max_wait_ms=50), "closed c=3", 6, 3,
@@ -30,7 +31,7 @@ def test_closed_loop_rows_and_table(llm):
     assert "dynamic batching / closed c=3:" in table and "x tok/s (steady" in table
 
 
-def test_gpu_utilization_column_only_when_measured(llm):
+def test_gpu_utilization_column_only_when_measured():
     from dataclasses import replace
 
     from bench.llm import Row

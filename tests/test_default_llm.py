@@ -28,6 +28,7 @@ def test_join_parts_checks_the_hash(tmp_path):
     assert model_files.join_parts([a, b], tmp_path / "ab", want).read_bytes() == b"hello world"
 
 
+@pytest.mark.slow
 def test_qwen_default_answers(tmp_path_factory):
     gguf = model_files.qwen_gguf()
     assert model_files.sha256_of(gguf) == model_files.QWEN_SHA256

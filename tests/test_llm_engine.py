@@ -1,5 +1,6 @@
 """The LLM engine with the real SmolLM2: streaming, abort, concurrency, context budget,
-chunked prefill of long prompts, the shared-prefix cache."""
+chunked prefill of long prompts, the shared-prefix cache. Every test loads the model: all
+are ``slow`` (tests/test_llm_stream.py covers the engine glue with a tiny model)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ import pytest
 from pipeline.config import LlmConfig, SchedulerConfig
 from pipeline.llm.engine import LlmEngine
 from pipeline.llm.loader import load_llm
-from pipeline.llm.types import GenRequest
+from pipeline.llm.types import FinishReason, GenRequest
 from pipeline.session.history import ChatHistory
 from pipeline.worker import Busy
+
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +38,15 @@ def ask(text: str, n: int = 24, **kw) -> GenRequest:
 
 async def collect(stream) -> str:
     return "".join([d async for d in stream])
+
+
+async def until(cond, timeout_s: float = 300.0) -> None:
+    """Wait until ``cond()`` holds; fail after a deadline far beyond any machine's speed."""
+    for _ in range(int(timeout_s / 0.005)):
+        if cond():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("condition not reached in time")
 
 
 async def test_concurrent_requests_equal_their_solo_runs(engine):
@@ -59,7 +71,7 @@ async def test_abort_frees_the_slot_within_a_step_others_unaffected(engine):
         if len(got) == 5:
             steps = engine.steps
             long.abort()
-    assert long.stats.finish_reason == "abort"
+    assert long.stats.finish_reason is FinishReason.ABORT
     assert engine.steps - steps <= 2
     assert await collect(short) == ref
     await asyncio.sleep(0.1)
@@ -69,10 +81,10 @@ async def test_abort_frees_the_slot_within_a_step_others_unaffected(engine):
 async def test_stop_strings_and_length(engine):
     s = engine.submit(ask("Count from 1 to 20 separated by commas.", n=60, stop=["5"]))
     text = await collect(s)
-    assert "5" not in text and s.stats.finish_reason == "stop"
+    assert "5" not in text and s.stats.finish_reason is FinishReason.STOP
     s = engine.submit(ask("Tell me a long story about a dragon.", n=5))
     await collect(s)
-    assert s.stats.finish_reason == "length" and s.stats.output_tokens == 5
+    assert s.stats.finish_reason is FinishReason.LENGTH and s.stats.output_tokens == 5
 
 
 async def test_sampling_is_per_request_and_seeded(engine):
@@ -151,11 +163,11 @@ async def test_long_prompt_prefills_in_chunks_while_another_request_streams(llm)
         async for _ in short:
             times.append(time.perf_counter())
         await reader
-        assert long.stats.finish_reason == "length" and long.stats.prompt_tokens > 1400
+        assert long.stats.finish_reason is FinishReason.LENGTH and long.stats.prompt_tokens > 1400
         during = [t for t in times[3:] if t < long_first[0]]
         assert len(during) >= 8  # the short request kept streaming while the long one prefilled
         assert eng.steps - steps0 >= 12
-        assert short.stats.finish_reason in ("stop", "length")
+        assert short.stats.finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
     finally:
         eng.stop()
 
@@ -169,8 +181,7 @@ async def test_short_prompt_is_not_queued_behind_long_prefills(llm):
     try:
         long_text = "The quick brown fox jumps over the lazy dog. " * 60  # ~600 tokens: 5+ chunks each
         longs = [eng.submit(ask(long_text + f"Question {i}: how many dogs?", n=2)) for i in range(2)]
-        while eng.steps < 2:  # both long prompts are being prefilled
-            await asyncio.sleep(0.005)
+        await until(lambda: eng.steps >= 2)  # both long prompts are being prefilled
         short = eng.submit(ask("Say hi.", n=2))
         first: dict[str, float] = {}
 
@@ -194,9 +205,9 @@ async def test_bad_sampling_settings_fail_only_their_own_request(engine):
         with pytest.raises(ValueError):
             async for _ in bad:
                 pass
-        assert bad.stats.finish_reason == "error"
+        assert bad.stats.finish_reason is FinishReason.ERROR
     for good in goods:
-        assert "".join([d async for d in good]) and good.stats.finish_reason in ("stop", "length")
+        assert "".join([d async for d in good]) and good.stats.finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
 
 
 async def test_tiny_top_p_samples_the_most_likely_token(engine):
@@ -215,17 +226,25 @@ async def test_prompt_longer_than_the_model_context_is_refused(engine):
 
 
 async def test_queue_bound_counts_requests_waiting_for_a_slot(llm):
+    """One request runs (a long one, so it is still running at the end), three wait for
+    its slot: the queue of 3 is full although the inbox is empty, and the rest are refused.
+    Each step waits for the engine's state, never for a time."""
     eng = LlmEngine(llm, LlmConfig(queue_size=3), SchedulerConfig(max_batch_size=1, max_wait_ms=0))
     eng.start()
+    count = "Count from one to five hundred, one number per line."
     try:
-        streams, busy = [], 0
-        for i in range(8):
+        streams = [eng.submit(ask(count, n=400))]
+        await until(lambda: eng.active == 1)
+        for i in range(3):
+            streams.append(eng.submit(ask(f"Count to {i + 20}.", n=30)))
+            await until(lambda i=i: len(eng.scheduler.waiting) == i + 1)  # moved from the inbox to waiting
+        busy = 0
+        for i in range(4):
             try:
-                streams.append(eng.submit(ask(f"Count to {i + 20}.", n=30)))
+                streams.append(eng.submit(ask(f"Count to {i + 30}.", n=30)))
             except Busy:
                 busy += 1
-            await asyncio.sleep(0.05)  # let the engine move the inbox into its waiting list
-        assert busy >= 4  # one running + three waiting: the rest are refused
+        assert eng.active == 1 and eng.depth == 3 and busy == 4
         for s in streams:
             s.abort()
     finally:

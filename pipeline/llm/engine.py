@@ -1,13 +1,16 @@
 """The LLM stage: one engine thread streams replies for every session, batched.
 
 Sessions :meth:`LlmEngine.submit` a :class:`GenRequest` and iterate the returned
-:class:`TokenStream` for text deltas; :meth:`TokenStream.abort` (disconnect, cancel,
-barge-in) stops its generation at the next token step.
+:class:`~pipeline.llm.stream.TokenStream` for text deltas; :meth:`TokenStream.abort`
+(disconnect, cancel, barge-in) stops its generation at the next token step.
+
+The engine thread repeats :meth:`LlmEngine.step`, the glue of vLLM v1's
+``EngineCore.step`` (vllm/v1/engine/core.py): the scheduler plans, the model runner
+executes, the engine turns sampled tokens into text for the streams.
 """
 
 from __future__ import annotations
 
-import asyncio
 import ctypes
 import ctypes.util
 import logging
@@ -16,64 +19,36 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from pipeline import metrics
 from pipeline.config import LlmConfig, SchedulerConfig
 from pipeline.llm.detok import IncrementalDetokenizer, StopStrings
 from pipeline.llm.runner.runner import ModelRunner
 from pipeline.llm.scheduler import Scheduler
-from pipeline.llm.types import GenRequest, GenStats, SamplingParams, SchedRequest, State
+from pipeline.llm.stream import TokenStream
+from pipeline.llm.types import FinishReason, GenRequest, SamplingParams, SchedRequest, State, StepPlan
 from pipeline.worker import Busy
 
+if TYPE_CHECKING:
+    from pipeline.llm.loader import LoadedLLM
+
 logger = logging.getLogger(__name__)
-
-
-
-
-
-
-class TokenStream:
-    """Async iterator of text deltas for one request; ends when generation ends.
-
-    Raises the engine's exception from ``__anext__`` if generation failed.
-    """
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._q: asyncio.Queue = asyncio.Queue()
-        self.aborted = threading.Event()
-        self.stats = GenStats()
-        self.submitted = time.perf_counter()
-        self._wake: threading.Event | None = None
-
-    def abort(self) -> None:
-        """Stop generating at the next token step (thread-safe, idempotent)."""
-        self.aborted.set()
-        if self._wake is not None:
-            self._wake.set()
-
-    def _put(self, item) -> None:  # called from the engine thread
-        self._loop.call_soon_threadsafe(self._q.put_nowait, item)
-
-    def __aiter__(self) -> TokenStream:
-        return self
-
-    async def __anext__(self) -> str:
-        item = await self._q.get()
-        if item is None:
-            raise StopAsyncIteration
-        if isinstance(item, BaseException):
-            raise item
-        return item
 
 
 class LlmEngine:
     """The process-wide LLM stage: continuous batching in one engine thread.
 
-    Each step the :class:`~pipeline.llm.scheduler.Scheduler` plans who joins, decodes or
-    leaves; the :class:`~pipeline.llm.runner.runner.ModelRunner` executes the plan; the loop turns
-    sampled tokens into exact text deltas (stop strings applied) for each stream.
-    An aborted stream leaves the batch at the next step and its KV rows are freed.
+    Each :meth:`step` the :class:`~pipeline.llm.scheduler.Scheduler` plans who joins,
+    decodes or leaves; the :class:`~pipeline.llm.runner.runner.ModelRunner` executes the
+    plan; the engine turns sampled tokens into exact text deltas (stop strings applied)
+    for each stream. An aborted stream leaves the batch at the next step and its KV rows
+    are freed.
+
+    Attributes:
+        steps: model steps run so far.
+        batch_sizes: per step, the requests in it (benchmark, tests; the first 100,000).
+        token_log: per step, ``(time.perf_counter() at its end, tokens sampled)``.
 
     Args:
         llm: a :class:`pipeline.llm.loader.LoadedLLM`.
@@ -81,7 +56,7 @@ class LlmEngine:
         sched: batching knobs (see :class:`SchedulerConfig`).
     """
 
-    def __init__(self, llm, cfg: LlmConfig, sched: SchedulerConfig | None = None) -> None:
+    def __init__(self, llm: LoadedLLM, cfg: LlmConfig, sched: SchedulerConfig | None = None) -> None:
         self.llm = llm
         self.cfg = cfg
         self.tokenizer = llm.tokenizer
@@ -90,7 +65,7 @@ class LlmEngine:
         eos = llm.model.generation_config.eos_token_id
         self.eos_ids = frozenset((eos if isinstance(eos, list) else [eos]) + [self.tokenizer.eos_token_id]) - {None}
         self.runner = ModelRunner(llm.model, llm.device, pad if pad is not None else min(self.eos_ids))
-        self._inbox: queue.Queue = queue.Queue(maxsize=cfg.queue_size)
+        self._inbox: queue.Queue[tuple[GenRequest, TokenStream]] = queue.Queue(maxsize=cfg.queue_size)
         self._wake = threading.Event()
         self._stop = False
         self._thread: threading.Thread | None = None
@@ -99,8 +74,8 @@ class LlmEngine:
         self._next_rid = 0
         self.steps = 0
         self._trimmed_at = 0
-        self.batch_sizes: list[int] = []  # per step: requests in the step (benchmark, tests)
-        self.token_log: list[tuple[float, int]] = []  # per step: (perf_counter at its end, tokens sampled)
+        self.batch_sizes: list[int] = []
+        self.token_log: list[tuple[float, int]] = []
 
     @property
     def depth(self) -> int:
@@ -120,7 +95,7 @@ class LlmEngine:
             self._thread.start()
 
     def stop(self) -> None:
-        """Stop the engine thread; unfinished streams end with ``abort``."""
+        """Stop the engine thread; unfinished streams, queued or running, end with ``abort``."""
         if self._thread is not None:
             self._stop = True
             self._wake.set()
@@ -133,8 +108,7 @@ class LlmEngine:
         Raises:
             Busy: `queue_size` requests are already waiting for a batch slot.
         """
-        stream = TokenStream(asyncio.get_running_loop())
-        stream._wake = self._wake
+        stream = TokenStream(self._wake)
         try:
             if self.depth >= self._inbox.maxsize:  # the bound covers requests waiting for a slot too
                 raise queue.Full
@@ -176,64 +150,77 @@ class LlmEngine:
     # ---- engine thread ---------------------------------------------------------------
 
     def _run(self) -> None:
+        """The engine thread: step; sleep when a step says so, until woken (submit, abort)."""
         try:
             while not self._stop:
-                self._admit()
-                self._reap_aborts()
-                plan = self.scheduler.schedule()
-                if plan.empty:
-                    idle = not self.scheduler.has_work()
-                    if idle and self.steps != self._trimmed_at:
-                        self._trimmed_at = self.steps
-                        release_free_memory()
-                    self._wake.wait(None if idle else (plan.wait_s or 0.001))
+                sleep_s = self.step()
+                if sleep_s:
+                    self._wake.wait(None if sleep_s == math.inf else sleep_s)
                     self._wake.clear()
-                    continue
-                try:
-                    outputs = self.runner.execute(plan)
-                except Exception as exc:
-                    logger.exception("llm step failed")
-                    self._fail_all(exc)
-                    continue
-                self.steps += 1
-                size = len(plan.decode) + len(plan.prefill)  # 0: the step only freed rows
-                if size:
-                    metrics.LLM_BATCH.observe(size)
-                sampled = self.scheduler.update(plan, outputs)
-                if size and len(self.batch_sizes) < 100_000:
-                    self.batch_sizes.append(size)
-                    self.token_log.append((time.perf_counter(), len(sampled)))
-                for req, tok in sampled:
-                    self._emit(req, tok)
         finally:
-            for rid in list(self._live):
-                self._close(rid, "abort")
+            self._abort_all()
 
-    def _admit(self) -> None:
+    def step(self) -> float:
+        """One engine iteration, shaped like vLLM v1's ``EngineCore.step``
+        (vllm/v1/engine/core.py): take in new requests and aborts, schedule, execute the
+        plan, process the outputs (text to the streams, finished requests closed).
+
+        Runs on the engine thread (:meth:`start`); a failed model step fails the requests
+        in the batch (their streams raise it) and the engine carries on.
+
+        Returns:
+            how long (s) the engine may sleep before the next step unless woken: 0 after
+            a model step, the scheduler's hold time while a lone request waits for
+            company, ``math.inf`` when there is no work at all.
+        """
+        self._admit_new()
+        self._reap_aborts()
+        plan = self.scheduler.schedule()
+        if plan.empty:
+            return self._idle(plan)
+        outputs = self._execute(plan)
+        if outputs is not None:
+            sampled = self.scheduler.update(plan, outputs)
+            self._record_step(plan, sampled)
+            self._process_outputs(sampled)
+        return 0.0
+
+    # ---- step parts ------------------------------------------------------------------
+
+    def _admit_new(self) -> None:
+        """Hand submitted requests to the scheduler; one that can never run ends at once
+        with its error (finish reason ``error``), an aborted one with ``abort``."""
         while True:
             try:
                 req, stream = self._inbox.get_nowait()
             except queue.Empty:
                 return
             if stream.aborted.is_set():
-                stream.stats.finish_reason = "abort"
-                stream._put(None)
+                _end(stream, FinishReason.ABORT)
                 continue
             try:
-                check_sampling(req)
-                ids = self._prompt_ids(req.messages)
-                self._check_fits(len(ids), req.max_new_tokens)
+                sched = self._sched_request(req)
             except Exception as exc:  # noqa: BLE001 - a bad request fails only itself
-                stream.stats.finish_reason = "error"
-                stream._put(exc)
+                _end(stream, FinishReason.ERROR, exc)
                 continue
-            self._next_rid += 1
-            rid = self._next_rid
-            stream.stats.prompt_tokens = len(ids)
-            self._live[rid] = _Live(req, stream, IncrementalDetokenizer(self.tokenizer), StopStrings(req.stop))
-            self.runner.set_params(rid, SamplingParams(req.temperature, req.top_p, req.seed))
-            self.scheduler.add(SchedRequest(rid=rid, prompt_ids=ids, max_new_tokens=req.max_new_tokens,
-                                            eos_ids=self.eos_ids, prefix_len=self._prefix_len(req.messages, ids)))
+            stream.stats.prompt_tokens = len(sched.prompt_ids)
+            self._live[sched.rid] = _Live(stream, IncrementalDetokenizer(self.tokenizer), StopStrings(req.stop))
+            self.scheduler.add(sched)
+
+    def _sched_request(self, req: GenRequest) -> SchedRequest:
+        """The scheduler's view of ``req``: prompt ids, limits and sampling settings.
+
+        Raises:
+            ValueError: bad sampling settings (:func:`check_sampling`), or a prompt that
+                can never fit (:meth:`_check_fits`).
+        """
+        check_sampling(req)
+        ids = self._prompt_ids(req.messages)
+        self._check_fits(len(ids), req.max_new_tokens)
+        self._next_rid += 1
+        return SchedRequest(rid=self._next_rid, prompt_ids=ids, max_new_tokens=req.max_new_tokens,
+                            eos_ids=self.eos_ids, prefix_len=self._prefix_len(req.messages, ids),
+                            sampling=SamplingParams.of(req))
 
     def _check_fits(self, prompt: int, max_new: int) -> None:
         """Raise ValueError if a request could never run: over the KV budget, or longer
@@ -248,66 +235,137 @@ class LlmEngine:
                              f"of {context} tokens")
 
     def _reap_aborts(self) -> None:
+        """End aborted streams; the scheduler drops their requests, and the next plan
+        frees their batch rows (``StepPlan.evict``)."""
         for rid, live in list(self._live.items()):
             if live.stream.aborted.is_set():
                 self.scheduler.abort(rid)
-                self.runner.params.pop(rid, None)
-                self._close(rid, "abort")
+                self._close(rid, FinishReason.ABORT)
 
-    def _emit(self, req: SchedRequest, tok: int | None) -> None:
-        live = self._live.get(req.rid)
-        if live is None:
+    def _idle(self, plan: StepPlan) -> float:
+        """Nothing to run now: how long to sleep (see :meth:`step`)."""
+        if self.scheduler.has_work():
+            return plan.wait_s or 0.001
+        self._trim_idle_memory()
+        return math.inf
+
+    def _trim_idle_memory(self) -> None:
+        """Return freed heap pages to the OS (:func:`release_free_memory`) once per idle
+        period, not on every wake-up."""
+        if self.steps != self._trimmed_at:
+            self._trimmed_at = self.steps
+            release_free_memory()
+
+    def _execute(self, plan: StepPlan) -> dict[int, int] | None:
+        """Run ``plan`` on the model: ``rid -> sampled token``, or None when the step
+        failed (every request in flight then ends with the error)."""
+        try:
+            return self.runner.execute(plan)
+        except Exception as exc:  # the streams get the error; the engine carries on
+            logger.exception("llm step failed")
+            self._fail_all(exc)
+            return None
+
+    def _record_step(self, plan: StepPlan, sampled: list[tuple[SchedRequest, int | None]]) -> None:
+        """Count the step; record its batch size (Prometheus ``LLM_BATCH``,
+        :attr:`batch_sizes`) and its sampled tokens (:attr:`token_log`)."""
+        self.steps += 1
+        size = len(plan.decode) + len(plan.prefill)  # 0: the step only freed rows
+        if not size:
             return
-        st = live.stream.stats
-        now = time.perf_counter()
-        if live.t_first is None:
-            live.t_first = now
-            st.ttft_ms = (now - live.stream.submitted) * 1000
-        st.output_tokens = len(req.output_ids) + (1 if tok is None else 0)
-        if tok is not None:
-            delta = live.detok.add(tok)
-            if delta:
-                delta = live.stops.feed(delta)
-                if delta:
-                    live.stream._put(delta)
-                if live.stops.stopped:
-                    self.scheduler.finish(req.rid, "stop")
-                    self._close(req.rid, "stop", flush=False)
-                    return
-        if req.state is State.FINISHED:
-            self._close(req.rid, req.finish_reason or "stop")
+        metrics.LLM_BATCH.observe(size)
+        if len(self.batch_sizes) < 100_000:
+            self.batch_sizes.append(size)
+            self.token_log.append((time.perf_counter(), len(sampled)))
 
-    def _close(self, rid: int, reason: str, *, flush: bool = True) -> None:
+    def _process_outputs(self, sampled: list[tuple[SchedRequest, int | None]]) -> None:
+        """Turn each sampled token (None: end of sequence) into text on its stream; close
+        the requests that finished (length, EOS, or a stop string in the text)."""
+        now = time.perf_counter()
+        for req, tok in sampled:
+            live = self._live.get(req.rid)
+            if live is None:
+                continue
+            _count_token(live, req, tok, now)
+            if tok is not None and _emit_text(live, tok):
+                self.scheduler.finish(req.rid, FinishReason.STOP)
+                self._close(req.rid, FinishReason.STOP, flush=False)
+            elif req.state is State.FINISHED:
+                self._close(req.rid, req.finish_reason or FinishReason.STOP)
+
+    # ---- ending streams ----------------------------------------------------------------
+
+    def _close(self, rid: int, reason: FinishReason, *, flush: bool = True) -> None:
+        """End a live request's stream: the held-back text first (unless aborted or
+        ``flush`` is False), then ``tpot_ms`` and the finish reason."""
         live = self._live.pop(rid, None)
         if live is None:
             return
-        st = live.stream.stats
-        if flush and reason != "abort":
-            tail = live.stops.feed(live.detok.flush())
-            tail += live.stops.flush()
+        if flush and reason is not FinishReason.ABORT:
+            tail = live.stops.feed(live.detok.flush()) + live.stops.flush()
             if tail:
-                live.stream._put(tail)
-        st.finish_reason = reason
+                live.stream.put(tail)
+        st = live.stream.stats
         if live.t_first is not None and st.output_tokens > 1:
             st.tpot_ms = (time.perf_counter() - live.t_first) * 1000 / (st.output_tokens - 1)
-        live.stream._put(None)
+        _end(live.stream, reason)
 
     def _fail_all(self, exc: BaseException) -> None:
+        """A model step failed: end every live request with ``exc`` and drop the batch."""
         for rid in list(self._live):
             live = self._live.pop(rid)
             self.scheduler.abort(rid)
-            live.stream.stats.finish_reason = "error"
-            live.stream._put(exc)
+            _end(live.stream, FinishReason.ERROR, exc)
         self.runner.reset()
+
+    def _abort_all(self) -> None:
+        """The engine stops: every unfinished stream, queued or live, ends with ``abort``."""
+        while True:
+            try:
+                _, stream = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            _end(stream, FinishReason.ABORT)
+        for rid in list(self._live):
+            self.scheduler.abort(rid)
+            self._close(rid, FinishReason.ABORT)
 
 
 @dataclass(slots=True)
 class _Live:
-    req: GenRequest
+    """The engine's state of a request in the scheduler: its stream and text pipeline."""
+
     stream: TokenStream
     detok: IncrementalDetokenizer
     stops: StopStrings
-    t_first: float | None = None
+    t_first: float | None = None  # perf_counter() at its first token (s)
+
+
+def _count_token(live: _Live, req: SchedRequest, tok: int | None, now: float) -> None:
+    """Update ``ttft_ms`` (at the first token) and ``output_tokens`` (EOS counts)."""
+    st = live.stream.stats
+    if live.t_first is None:
+        live.t_first = now
+        st.ttft_ms = (now - live.stream.submitted) * 1000
+    st.output_tokens = len(req.output_ids) + (1 if tok is None else 0)
+
+
+def _emit_text(live: _Live, tok: int) -> bool:
+    """Detokenize ``tok`` and put the text that is safe to send on the stream; True
+    when a stop string has ended the reply."""
+    delta = live.detok.add(tok)
+    if not delta:
+        return False
+    delta = live.stops.feed(delta)
+    if delta:
+        live.stream.put(delta)
+    return live.stops.stopped
+
+
+def _end(stream: TokenStream, reason: FinishReason, error: BaseException | None = None) -> None:
+    """Set the finish reason, then end the stream (with ``error`` for the consumer)."""
+    stream.stats.finish_reason = reason
+    stream.end(error)
 
 
 def check_sampling(req: GenRequest) -> None:
@@ -335,8 +393,8 @@ def release_free_memory() -> None:
             _LIBC.malloc_trim.argtypes = [ctypes.c_size_t]
         except (OSError, AttributeError):
             _LIBC = False
-    if _LIBC:
+    if isinstance(_LIBC, ctypes.CDLL):
         _LIBC.malloc_trim(0)
 
 
-_LIBC = None
+_LIBC: ctypes.CDLL | bool | None = None  # None: not loaded yet; False: no malloc_trim here

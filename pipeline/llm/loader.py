@@ -67,10 +67,10 @@ def _convert(gguf: Path, dest: Path) -> None:
     steps.update()
     # The weights are plain bf16 tensors now; forget the GGUF "quantizer" so that
     # save_pretrained writes an ordinary safetensors checkpoint.
-    model.hf_quantizer = None
+    setattr(model, "hf_quantizer", None)  # noqa: B010 - torch types module attributes as Tensor | Module
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    model.is_quantized = False
+    setattr(model, "is_quantized", False)  # noqa: B010
     tmp = dest.with_name(dest.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(str(tmp))

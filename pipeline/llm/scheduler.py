@@ -21,7 +21,7 @@ import time
 from collections import deque
 
 from pipeline.config import SchedulerConfig
-from pipeline.llm.types import SchedRequest, State, StepPlan
+from pipeline.llm.types import FinishReason, SchedRequest, State, StepPlan
 
 
 class Scheduler:
@@ -46,9 +46,9 @@ class Scheduler:
 
     def abort(self, rid: int) -> SchedRequest | None:
         """Abort a request; a running one leaves the batch at the next step."""
-        return self.finish(rid, "abort")
+        return self.finish(rid, FinishReason.ABORT)
 
-    def finish(self, rid: int, reason: str) -> SchedRequest | None:
+    def finish(self, rid: int, reason: FinishReason) -> SchedRequest | None:
         """Finish a request from outside (abort, stop string); idempotent."""
         req = self.requests.pop(rid, None)
         if req is None:
@@ -62,6 +62,7 @@ class Scheduler:
         return req
 
     def has_work(self) -> bool:
+        """Whether any request waits, runs, or still has a row to free."""
         return bool(self.waiting or self.running or self.prefilling or self._leaving)
 
     def schedule(self, now: float | None = None) -> StepPlan:
@@ -137,11 +138,11 @@ class Scheduler:
                 continue  # finished from outside during this step, or a partial prefill
             tok = outputs[req.rid]
             if tok in req.eos_ids:
-                self.finish(req.rid, "stop")
+                self.finish(req.rid, FinishReason.STOP)
                 out.append((req, None))
                 continue
             req.output_ids.append(tok)
             out.append((req, tok))
             if len(req.output_ids) >= req.max_new_tokens:
-                self.finish(req.rid, "length")
+                self.finish(req.rid, FinishReason.LENGTH)
         return out

@@ -1,6 +1,6 @@
 """Messages of the LLM stage: what a session asks for (:class:`GenRequest`), what it gets
-back (:class:`GenStats`), and what the scheduler hands the model runner
-(:class:`SchedRequest`, :class:`StepPlan`). No torch here."""
+back (:class:`GenStats`, :class:`FinishReason`), and what the scheduler hands the model
+runner (:class:`SchedRequest` with its :class:`SamplingParams`, :class:`StepPlan`). No torch here."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ class GenRequest:
         max_new_tokens: most tokens to generate.
         temperature: 0 = greedy (default); >0 samples.
         top_p: nucleus sampling mass when sampling.
+        seed: seeds this request's own random generator when sampling (same seed,
+            same reply, whatever else is in the batch).
         stop: strings that end the reply (not included in it).
     """
 
@@ -29,17 +31,31 @@ class GenRequest:
     stop: list[str] = field(default_factory=list)
 
 
+class FinishReason(enum.StrEnum):
+    """Why a request ended. A ``str``: ``str(reason)`` and JSON give the bare value
+    (``"stop"``), as the wire protocol's ``finish_reason`` expects."""
+
+    STOP = "stop"
+    """An end-of-sequence token or a stop string."""
+    LENGTH = "length"
+    """``max_new_tokens`` reached."""
+    ABORT = "abort"
+    """The stream was aborted (or the engine stopped)."""
+    ERROR = "error"
+    """The request could not run, or a model step failed."""
+
+
 @dataclass(slots=True)
 class GenStats:
     """Per-request measurements: ``ttft_ms`` (submit → first token), ``tpot_ms`` (mean
     time per output token after the first), ``prompt_tokens``, ``output_tokens``,
-    ``finish_reason`` (``stop`` | ``length`` | ``abort`` | ``error``)."""
+    ``finish_reason`` (None until the stream ends)."""
 
     ttft_ms: float = 0.0
     tpot_ms: float = 0.0
     prompt_tokens: int = 0
     output_tokens: int = 0
-    finish_reason: str = ""
+    finish_reason: FinishReason | None = None
 
 
 @dataclass(slots=True)
@@ -51,8 +67,16 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int = 0
 
+    @staticmethod
+    def of(req: GenRequest) -> SamplingParams:
+        """The sampling settings of a session's request."""
+        return SamplingParams(req.temperature, req.top_p, req.seed)
+
 
 class State(enum.Enum):
+    """A :class:`SchedRequest`'s life: waiting for a slot, in the batch (prefilling or
+    decoding), finished."""
+
     WAITING = "waiting"
     RUNNING = "running"
     FINISHED = "finished"
@@ -70,7 +94,10 @@ class SchedRequest:
         arrival: ``time.monotonic()`` when added.
         prefix_len: length of a prompt prefix shared with other requests (the system
             prompt); the runner may take its KV from a prefix cache instead of computing it.
+        sampling: how the runner picks this request's tokens (default greedy).
         output_ids: generated tokens so far.
+        state: where the request is (waiting, in the batch, finished).
+        finish_reason: why it finished (None until then).
         num_computed: prompt tokens already prefilled (chunked prefill).
     """
 
@@ -80,9 +107,10 @@ class SchedRequest:
     eos_ids: frozenset[int] = frozenset()
     arrival: float = field(default_factory=time.monotonic)
     prefix_len: int = 0
+    sampling: SamplingParams = field(default_factory=SamplingParams)
     output_ids: list[int] = field(default_factory=list)
     state: State = State.WAITING
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
     num_computed: int = 0
 
     @property

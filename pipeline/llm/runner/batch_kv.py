@@ -41,6 +41,8 @@ class BatchLayer(DynamicLayer):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         """Write (slots, kv_heads, q, head_dim) at columns [t, t+q); return the views up to t+q."""
         b = self._batch()
+        if b is None:
+            raise RuntimeError("the BatchKV of this cache layer is gone")
         q = key_states.shape[2]
         kb, vb = b.kb[self.idx], b.vb[self.idx]
         kb[: b.n, :, b.t : b.t + q] = key_states
@@ -55,6 +57,7 @@ class BatchKV:
         n: slots in use (live or free); the model runs on all of them.
         s, t: the column window [s, t) the rows use (t - s = padded length T, tokens).
         cache: a transformers ``DynamicCache`` whose layers are :class:`BatchLayer` s.
+        layers: those layers.
     """
 
     SLACK = 64
@@ -67,8 +70,9 @@ class BatchKV:
         self.vb = [v0.new_zeros((rows, v0.shape[1], t + self.SLACK, v0.shape[3])) for _ in first.values]
         self.attn_buf = torch.zeros((rows, t + self.SLACK), dtype=torch.long, device=first.attn.device)
         self.n, self.s, self.t = 0, 0, t
+        self.layers = [BatchLayer(self, i) for i in range(len(first.keys))]
         self.cache = DynamicCache(config=config)
-        self.cache.layers = [BatchLayer(self, i) for i in range(len(first.keys))]
+        self.cache.layers = [*self.layers]
         self.put(list(range(rows)), first)
 
     # ---- views -------------------------------------------------------------------------
@@ -83,7 +87,7 @@ class BatchKV:
         return self.attn_buf[: self.n, self.s : self.t]
 
     def _refresh(self) -> None:
-        for layer, kb, vb in zip(self.cache.layers, self.kb, self.vb):
+        for layer, kb, vb in zip(self.layers, self.kb, self.vb):
             layer.keys, layer.values = kb[: self.n, :, self.s : self.t], vb[: self.n, :, self.s : self.t]
 
     # ---- a step's new column -----------------------------------------------------------

@@ -38,8 +38,11 @@ from pipeline.llm.types import SamplingParams, SchedRequest, StepPlan
 
 @dataclass(slots=True)
 class _Row:
+    """A decoding slot's request: its id, sampling settings (``SchedRequest.sampling``) and,
+    once it samples, its own seeded generator."""
+
     rid: int
-    params: SamplingParams
+    sampling: SamplingParams
     gen: torch.Generator | None = field(default=None)
 
 
@@ -70,7 +73,6 @@ class ModelRunner:
         self.batch: BatchKV | None = None
         self.pos: torch.Tensor | None = None  # (slots,) long: next position id
         self.last: torch.Tensor | None = None  # (slots,) long: last sampled token
-        self.params: dict[int, SamplingParams] = {}
         self.prefix_cache_size = prefix_cache_size
         self.prefixes: OrderedDict[tuple[int, ...], RowsKV] = OrderedDict()
         self.prefix_hits = 0
@@ -95,18 +97,16 @@ class ModelRunner:
     def reset(self) -> None:
         """Drop every row and the KV cache (after a failed step)."""
         self.reset_batch()
-        self.params.clear()
         self._partial.clear()
-
-    def set_params(self, rid: int, params: SamplingParams) -> None:
-        """Sampling parameters of a request before it is prefilled."""
-        self.params[rid] = params
 
     def execute(self, plan: StepPlan) -> dict[int, int]:
         """Evict, decode the running rows one token, prefill the planned prompt chunks.
 
         Returns ``rid -> sampled token id`` for every decoded request and every request
-        whose prompt is now fully prefilled.
+        whose prompt is now fully prefilled, each sampled as its ``SchedRequest.sampling`` says.
+
+        Raises:
+            RuntimeError: the batch's rows do not match ``plan.decode``.
         """
         out: dict[int, int] = {}
         with torch.inference_mode():
@@ -129,19 +129,30 @@ class ModelRunner:
 
     # ---- steps -----------------------------------------------------------------------
 
+    def _decoding(self) -> tuple[BatchKV, torch.Tensor, torch.Tensor]:
+        """The decoding batch, its next position ids and last tokens (slots,), both long.
+
+        Raises:
+            RuntimeError: no request is decoding.
+        """
+        if self.batch is None or self.pos is None or self.last is None:
+            raise RuntimeError("no request is decoding")
+        return self.batch, self.pos, self.last
+
     def _decode(self) -> torch.Tensor:
         """One token for every slot; returns logits (slots, vocab)."""
-        attn = self.batch.open_column()
-        res = self.model(input_ids=self.last[:, None], attention_mask=attn, position_ids=self.pos[:, None],
-                         cache=self.batch.cache, use_cache=True, logits_to_keep=1)
-        self.batch.close_column()
-        self.pos = self.pos + 1
+        batch, pos, last = self._decoding()
+        attn = batch.open_column()
+        res = self.model(input_ids=last[:, None], attention_mask=attn, position_ids=pos[:, None],
+                         cache=batch.cache, use_cache=True, logits_to_keep=1)
+        batch.close_column()
+        self.pos = pos + 1
         return res.logits[:, -1]
 
     def _sample_slots(self, logits: torch.Tensor) -> dict[int, int]:
         """Sample the live slots' next tokens from their logits (slots, vocab)."""
         live = [i for i, r in enumerate(self.slots) if r is not None]
-        rows = [self.slots[i] for i in live]
+        rows = [r for r in self.slots if r is not None]
         return dict(zip([r.rid for r in rows], self._sample(logits if len(live) == len(self.slots) else logits[live],
                                                             rows)))
 
@@ -174,7 +185,7 @@ class ModelRunner:
                     self._partial[r.rid] = row
         if not done:
             return {}
-        rows = [_Row(reqs[i].rid, self.params.pop(reqs[i].rid, SamplingParams())) for i in done]
+        rows = [_Row(reqs[i].rid, reqs[i].sampling) for i in done]
         toks = self._sample(logits[done], rows)
         self._merge(rows, kv.select(done).trim(), torch.tensor([len(reqs[i].prompt_ids) for i in done],
                                                                device=self.device))
@@ -189,24 +200,25 @@ class ModelRunner:
         for the linear layers; attention runs per segment (:mod:`pipeline.llm.runner.mixed_attention`):
         each row over its own past, each chunk over its past and itself.
         """
+        batch, last_pos, last_tok = self._decoding()
         pasts, starts, ends, fresh = self._chunks(reqs, spans)
         b = len(self.slots)
         lens = [e - s for s, e in zip(starts, ends)]
         dev = self.device
-        ids = torch.cat([self.last, torch.tensor([x for r, s, e in zip(reqs, starts, ends)
-                                                  for x in r.prompt_ids[s:e]], device=dev)])
-        pos = torch.cat([self.pos] + [torch.arange(s, e, device=dev) for s, e in zip(starts, ends)])
+        ids = torch.cat([last_tok, torch.tensor([x for r, s, e in zip(reqs, starts, ends)
+                                                 for x in r.prompt_ids[s:e]], device=dev)])
+        pos = torch.cat([last_pos] + [torch.arange(s, e, device=dev) for s, e in zip(starts, ends)])
         pad = -len(ids) % self.BUCKET  # a dummy segment rounds the step's length up (outputs unused)
         ids = torch.cat([ids, torch.full((pad,), self.pad_id, device=dev)])
         pos = torch.cat([pos, torch.arange(pad, device=dev)])
-        cache = MixedCache(self.batch.cache, self.batch.open_column(), pasts + [RowsKV.empty()] * bool(pad),
+        cache = MixedCache(batch.cache, batch.open_column(), pasts + [RowsKV.empty()] * bool(pad),
                            lens + [pad] * bool(pad))
         last = torch.tensor([b - 1 + sum(lens[: j + 1]) for j in range(len(reqs))], device=dev)
         keep = torch.cat([torch.arange(b, device=dev), last])
         res = self.model(input_ids=ids[None], attention_mask=_NO_MASK, position_ids=pos[None],
                          cache=cache, use_cache=True, logits_to_keep=keep, voxpipe_mixed=cache)
-        self.batch.close_column()
-        self.pos = self.pos + 1
+        batch.close_column()
+        self.pos = last_pos + 1
         logits = res.logits[0]
         out = self._sample_slots(logits[:b])
         offs = [sum(lens[:j]) for j in range(len(reqs))]
@@ -242,7 +254,7 @@ class ModelRunner:
                              config=self.model.config)
         res = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, cache=cache, use_cache=True,
                          logits_to_keep=1)
-        kv = RowsKV([layer.keys for layer in cache.layers], [layer.values for layer in cache.layers], attn)
+        kv = RowsKV(*_layer_kv(cache), attn)
         return self._finish_chunks(reqs, ends, fresh, kv.zero_padding().compact(), res.logits[:, -1])
 
     # ---- prefix cache ------------------------------------------------------------------
@@ -272,7 +284,7 @@ class ModelRunner:
 
     def _merge(self, rows: list[_Row], new: RowsKV, pos: torch.Tensor) -> None:
         """Put the rows of ``new`` (prompts just prefilled) into free or new slots."""
-        if self.batch is None:
+        if self.batch is None or self.pos is None:
             self.batch, self.slots, self.pos = BatchKV(new, self.model.config), list(rows), pos
             return
         free = [i for i, r in enumerate(self.slots) if r is None]
@@ -291,7 +303,6 @@ class ModelRunner:
 
     def _evict(self, rids: set[int]) -> None:
         for rid in rids:
-            self.params.pop(rid, None)
             self._partial.pop(rid, None)
         gone = [i for i, r in enumerate(self.slots) if r is not None and r.rid in rids]
         if not gone:
@@ -302,12 +313,13 @@ class ModelRunner:
         if not live:
             self.reset_batch()
             return
+        batch, pos, last = self._decoding()
         if 2 * len(live) <= len(self.slots):  # mostly free slots: stop decoding them
-            order = self.batch.compact(live)
+            order = batch.compact(live)
             self.slots = [self.slots[i] for i in order]
-            self.pos, self.last = self.pos[order], self.last[order]
+            self.pos, self.last = pos[order], last[order]
             live = list(range(len(order)))
-        self.batch.trim(live)
+        batch.trim(live)
 
     def reset_batch(self) -> None:
         """Drop the decoding batch (every slot free)."""
@@ -319,12 +331,27 @@ class ModelRunner:
         logits = logits.float()
         toks = torch.argmax(logits, dim=-1).tolist()
         for i, row in enumerate(rows):
-            p = row.params
+            p = row.sampling
             if p.temperature > 0:
                 if row.gen is None:
                     row.gen = torch.Generator(device="cpu").manual_seed(p.seed)
                 toks[i] = _sample_row(logits[i].cpu(), p, row.gen)
         return toks
+
+
+def _layer_kv(cache) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Per-layer keys and values of a filled transformers ``DynamicCache``.
+
+    Raises:
+        RuntimeError: a layer holds no keys/values (it was never updated).
+    """
+    keys, values = [], []
+    for layer in cache.layers:
+        if getattr(layer, "keys", None) is None or getattr(layer, "values", None) is None:
+            raise RuntimeError(f"cache layer {type(layer).__name__} holds no keys/values")
+        keys.append(layer.keys)
+        values.append(layer.values)
+    return keys, values
 
 
 _NO_MASK = torch.ones((1, 1, 1, 1), dtype=torch.bool)
