@@ -16,6 +16,7 @@ from pipeline.config import VoxpipeConfig
 from pipeline.llm.engine import LlmEngine
 from pipeline.llm.loader import load_llm
 from pipeline.llm.types import GenRequest
+from pipeline.stages import AsrStage, LlmStage, Stage, TtsStage, VadModel
 from pipeline.tts.engine import TtsEngine
 from pipeline.tts.loader import load_voice
 
@@ -24,23 +25,29 @@ logger = logging.getLogger(__name__)
 
 @dataclass(slots=True)
 class Engines:
-    """The shared model stages of one process."""
+    """The shared model stages of one process, typed by the interfaces a session uses
+    (:mod:`pipeline.stages`): the in-process engines from :func:`load_engines`, fakes in
+    tests, or remote stages."""
 
-    vad: SileroVad
-    asr: AsrEngine
-    llm: LlmEngine
-    tts: TtsEngine
+    vad: VadModel
+    asr: AsrStage
+    llm: LlmStage
+    tts: TtsStage
 
     def queue_depths(self) -> dict[str, int]:
         """Waiting requests per stage."""
         return {"asr": self.asr.depth, "llm": self.llm.depth, "tts": self.tts.depth}
 
     def start(self) -> None:
-        for stage in (self.asr, self.llm, self.tts):
+        """Start every stage's workers."""
+        stages: tuple[Stage, ...] = (self.asr, self.llm, self.tts)
+        for stage in stages:
             stage.start()
 
     def stop(self) -> None:
-        for stage in (self.asr, self.llm, self.tts):
+        """Stop every stage's workers."""
+        stages: tuple[Stage, ...] = (self.asr, self.llm, self.tts)
+        for stage in stages:
             stage.stop()
 
 

@@ -37,7 +37,13 @@ class Reply:
 
     @property
     def rid(self) -> int:
+        """The response id."""
         return self.responder.rid
+
+    @property
+    def running(self) -> bool:
+        """Its task was started and has not ended."""
+        return self.task is not None and not self.task.done()
 
 
 class Replies:
@@ -61,7 +67,7 @@ class Replies:
 
     def busy(self) -> bool:
         """True while the current reply runs."""
-        return self.current is not None and not self.current.task.done()
+        return self.current is not None and self.current.running
 
     def new(self, *, out: Outbox | None = None, release: asyncio.Event | None = None) -> Reply:
         """A reply (not yet running nor current) that sends to ``out`` (default: the
@@ -101,19 +107,20 @@ class Replies:
             self.current = None
             self.turn_state.reply_ended()
 
-    async def cancel(self, reason: str = "new_turn") -> None:
+    async def cancel(self, reason: ev.CancelReason = "new_turn") -> None:
         """Cancel the current reply, if it runs, and send ``response.cancelled``.
         ``reason``: ``client`` (response.cancel), ``barge_in``, ``continued`` (the user
         went on with the same turn), ``new_turn`` or ``restart`` (a new session.start)."""
         reply, self.current = self.current, None
-        if reply is None or reply.task.done():
+        if reply is None or reply.task is None or reply.task.done():
             return
-        reply.task.cancel()
+        task = reply.task
+        task.cancel()
         # Wait for the reply to wind down, but never let a stuck reply stall the session.
-        done, _ = await asyncio.wait({reply.task}, timeout=CANCEL_WAIT_S)
+        done, _ = await asyncio.wait({task}, timeout=CANCEL_WAIT_S)
         if not done:
             logger.warning("session %s: reply %d did not stop within %.1f s", self.id, reply.rid, CANCEL_WAIT_S)
-            for frame in reply.task.get_stack():
+            for frame in task.get_stack():
                 logger.warning("  at %s:%d %s", frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
         self.turn_state.reply_ended()
         spoken = " ".join(reply.responder.spoken).strip()

@@ -12,15 +12,17 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from typing import Literal
 
 from audio.pcm import float_to_pcm16, resample
 from pipeline import metrics
 from pipeline.config import VoxpipeConfig
 from pipeline.engines import Engines
-from pipeline.llm.types import GenRequest
+from pipeline.llm.types import FinishReason, GenRequest
 from pipeline.session import events as ev
 from pipeline.session.history import ChatHistory
 from pipeline.session.types import Outbox
+from pipeline.stages import TextStream
 from pipeline.tts.chunker import SentenceChunker, speakable
 
 logger = logging.getLogger(__name__)
@@ -93,10 +95,11 @@ class Responder:
         timings = {"asr": round(asr_ms, 1), "llm_ttft": round(st.ttft_ms, 1), "llm_tpot": round(st.tpot_ms, 1),
                    **self.timings}
         await self.out.send(ev.ResponseDone(response_id=self.rid, text=text, fallback=fallback,
-                                            finish_reason=st.finish_reason, output_tokens=st.output_tokens,
-                                            audio_s=round(self.audio_s, 3), timings_ms=timings))
+                                            finish_reason=_finish_reason(st.finish_reason),
+                                            output_tokens=st.output_tokens, audio_s=round(self.audio_s, 3),
+                                            timings_ms=timings))
 
-    async def _generate(self, stream) -> tuple[str, bool]:
+    async def _generate(self, stream: TextStream) -> tuple[str, bool]:
         chunker = SentenceChunker()
         text = ""
         async for delta in stream:
@@ -173,3 +176,14 @@ class Responder:
         lead = self.cfg.tts.playback_lead_s
         if ahead > lead:
             await asyncio.sleep(ahead - lead)
+
+
+WireFinish = Literal["stop", "length", "abort", "error"]
+_WIRE_FINISH: dict[FinishReason, WireFinish] = {
+    FinishReason.STOP: "stop", FinishReason.LENGTH: "length", FinishReason.ABORT: "abort",
+    FinishReason.ERROR: "error"}
+
+
+def _finish_reason(reason: FinishReason | None) -> WireFinish:
+    """The wire value of an ended stream's finish reason (``stop`` if it gave none)."""
+    return "stop" if reason is None else _WIRE_FINISH[reason]

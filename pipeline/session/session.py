@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Coroutine
+from typing import Any
 
 import numpy as np
 
@@ -21,24 +23,25 @@ from pipeline.asr.types import Partial
 from pipeline.config import VoxpipeConfig
 from pipeline.engines import Engines
 from pipeline.session import events as ev
-from pipeline.session.endpointing import AllSpeech, Endpointer
+from pipeline.session.endpointing import AllSpeech
 from pipeline.session.history import ChatHistory
 from pipeline.session.replies import CANCEL_WAIT_S, Replies
 from pipeline.session.speculation import HeldOutbox, Speculation
 from pipeline.session.turn_state import TurnState
+from pipeline.session.turn_tracker import INLINE_VAD_SAMPLES, RATE, TurnTracker
 from pipeline.session.types import Outbox, SpeechEnd, SpeechPause, SpeechResume, SpeechStart
 from pipeline.worker import Busy
 
 logger = logging.getLogger(__name__)
 
-RATE = 16000
-
 
 class Session:
-    """Per-connection turn logic.
+    """Per-connection turn logic: the async orchestration around a :class:`TurnTracker`
+    (audio → turn events), :class:`AsrTurn` s (streaming transcripts), speculations and
+    :class:`Replies`, with a :class:`TurnState` deciding barge-in and speculation.
 
     Args:
-        engines: the shared model stages.
+        engines: the shared model stages (anything implementing :mod:`pipeline.stages`).
         cfg: configuration.
         out: the client's outbox.
         session_id: id used in logs.
@@ -52,11 +55,7 @@ class Session:
         self.language: str | None = None
         self.history = ChatHistory(cfg.llm.system_prompt)
         self._decoder: PcmDecoder | None = None
-        self._vad = None
-        self._endpointer = Endpointer(cfg.turn)
-        self._chunks: list[np.ndarray] = []
-        self._buf_start = 0  # 16 kHz sample index of the first buffered sample
-        self._pos = 0  # 16 kHz samples received
+        self._tracker = TurnTracker(cfg.turn, AllSpeech())  # replaced by session.start
         self._turn_task: asyncio.Task | None = None  # final ASR of the latest turn, then its reply
         self._last_turn: tuple[int, int] | None = None  # (start, end) samples of the latest turn
         self._asr: AsrTurn | None = None  # streaming ASR of the speech in progress
@@ -79,12 +78,11 @@ class Session:
         self.fmt = PcmFormat(sample_rate, req.format, channels)
         await self.replies.cancel("restart")  # its audio is in the old output format
         self._decoder = PcmDecoder(self.fmt)
-        self._vad = self.engines.vad.stream() if vad else AllSpeech()
-        self._endpointer = Endpointer(self.cfg.turn)
-        self._chunks, self._buf_start, self._pos = [], 0, 0
+        old_pos = self._tracker.pos
+        self._tracker = TurnTracker(self.cfg.turn, self.engines.vad.stream() if vad else AllSpeech())
         self._drop_speculation(reopen=False)
         if self._asr is not None:  # speech in progress: its turn ends here, unanswered
-            await self.out.send(ev.SpeechStopped(audio_ms=int(self._pos * 1000 / RATE), reason="restart"))
+            await self.out.send(ev.SpeechStopped(audio_ms=int(old_pos * 1000 / RATE), reason="restart"))
             self.turn_state.speech_stopped(turn_submitted=False)
             await self.out.send(ev.TurnEmpty(reason="restart"))
         for turn in (self._asr, self._last_asr):
@@ -103,13 +101,14 @@ class Session:
 
     async def on_audio(self, data: bytes) -> None:
         """Handle a binary audio frame in the declared format (any length)."""
-        if not self.started:
+        decoder = self._decoder
+        if not self.started or decoder is None:
             await self.error("no_session", "send session.start before audio")
             return
-        if self._decoder.error is not None:
+        if decoder.error is not None:
             return  # reported once; the stream is dropped until a new session.start
         try:
-            samples = self._decoder.feed(data)
+            samples = decoder.feed(data)
         except AudioFormatError as exc:
             await self.error("bad_audio", f"{exc}; audio is ignored until a new session.start")
             return
@@ -117,21 +116,17 @@ class Session:
 
     async def end_input(self) -> None:
         """Handle ``input.end``: the user's turn is over now."""
-        if not self.started:
+        decoder = self._decoder
+        if not self.started or decoder is None:
             await self.error("no_session", "send session.start first")
             return
-        await self._consume(self._decoder.flush())
-        end = self._endpointer.finish()
+        await self._consume(decoder.flush())
+        end = self._tracker.finish()
         if end is not None:
             await self._end_of_speech(end, t_end=time.perf_counter())
         self._turn_closed = True  # later speech starts a new turn
-        if end is None and not self._pending():
+        if end is None and not self.turn_state.busy:
             await self.out.send(ev.TurnEmpty(reason="no_speech"))
-
-    def _pending(self) -> bool:
-        """True while a turn is being transcribed or answered."""
-        busy = self._turn_task is not None and not self._turn_task.done()
-        return busy or self.replies.busy()
 
     async def text_input(self, text: str) -> None:
         """Handle ``text.input``: a typed user turn."""
@@ -175,52 +170,46 @@ class Session:
         return language
 
     async def _consume(self, samples: np.ndarray) -> None:
+        """16 kHz samples → the tracker (and the streaming ASR of the speech in progress);
+        act on the turn events they cause."""
         if len(samples) == 0:
             return
-        self._chunks.append(samples)
-        self._pos += len(samples)
+        tracker = self._tracker
+        tracker.append(samples)
         if self._asr is not None:
             self._asr.feed(samples)  # streaming ASR of the speech in progress
-        probs = await asyncio.to_thread(self._vad.feed, samples)
-        for turn_ev in self._endpointer.feed(probs):
+        if len(samples) <= INLINE_VAD_SAMPLES:  # a few windows: cheaper than a thread hop
+            probs = tracker.detect(samples)
+        else:
+            probs = await asyncio.to_thread(tracker.detect, samples)
+        for turn_ev in tracker.endpoint(probs):
             if isinstance(turn_ev, SpeechStart):
                 await self.out.send(ev.SpeechStarted(audio_ms=int(turn_ev.sample * 1000 / RATE)))
                 await self._start_turn(turn_ev.sample)
             elif isinstance(turn_ev, SpeechPause):
-                self._speculate(turn_ev.end, t_end=time.perf_counter() - (self._pos - turn_ev.end) / RATE)
+                self._speculate(turn_ev.end, t_end=time.perf_counter() - (tracker.pos - turn_ev.end) / RATE)
             elif isinstance(turn_ev, SpeechResume):
                 self._drop_speculation()
             elif isinstance(turn_ev, SpeechEnd):
-                silence_s = (self._pos - turn_ev.end) / RATE if turn_ev.reason == "silence" else 0.0
+                silence_s = (tracker.pos - turn_ev.end) / RATE if turn_ev.reason == "silence" else 0.0
                 await self._end_of_speech(turn_ev, t_end=time.perf_counter() - silence_s)
-        # The turn's audio lives in its AsrTurn; keep 1 s of pre-roll and any speech not
-        # yet confirmed.
-        pending = self._endpointer.pending_start
-        keep_from = self._pos - RATE if pending is None else min(self._pos - RATE, pending - self._pad())
-        self._trim(keep_from)
 
-    def _merge_window(self) -> int:
-        return int(self.cfg.turn.merge_window_ms * RATE / 1000)
-
-    def _pad(self) -> int:
-        return int(self.cfg.turn.pad_ms * RATE / 1000)
-
-    def _trim(self, keep_from: int) -> None:
-        """Drop buffered audio before sample ``keep_from`` (amortised: only when the
-        buffer holds twice what is needed)."""
-        if keep_from - self._buf_start <= self._pos - keep_from:
-            return
-        buf = np.concatenate(self._chunks)[max(0, keep_from - self._buf_start) :]
-        self._chunks, self._buf_start = [buf], self._pos - len(buf)
+    def _continues_last_turn(self, start: int) -> bool:
+        """Speech starting at ``start`` continues the latest turn: it resumed within
+        ``merge_window_ms`` of its end, the client did not close it, and the merged
+        turn would stay well under ``max_turn_s``."""
+        last, t = self._last_turn, self.cfg.turn
+        return (last is not None and self._last_asr is not None and not self._turn_closed
+                and start - last[1] <= t.merge_window_ms * RATE / 1000
+                and (start - last[0]) / RATE < t.max_turn_s * 0.8)
 
     async def _start_turn(self, start: int) -> None:
         """Speech started: stream it to the ASR. Speech that resumes soon after the last
         turn ended continues that turn (its reply is cancelled; its words stay)."""
-        last, turn = self._last_turn, self._last_asr
         self._speech_start = start
         self.turn_state.speech_started()  # over a reply: a barge-in candidate until ASR confirms words
-        if (last is not None and turn is not None and not self._turn_closed and start - last[1] <= self._merge_window()
-                and (start - last[0]) / RATE < self.cfg.turn.max_turn_s * 0.8):
+        turn = self._last_asr
+        if turn is not None and self._continues_last_turn(start):
             if self._turn_task is not None:
                 self._turn_task.cancel()
             await self.replies.cancel("continued")
@@ -230,7 +219,7 @@ class Session:
             turn = AsrTurn(self.engines.asr, self.cfg.asr, language=self.language,
                            on_partial=self._on_partial, spawn=self._spawn)
         self._asr = self._last_asr = turn
-        turn.feed(self._slice(start - self._pad(), self._pos))
+        turn.feed(self._tracker.since(start))
 
     async def _on_partial(self, part: Partial) -> None:
         await self.out.send(ev.TranscriptPartial(committed=part.committed, unstable=part.unstable,
@@ -242,16 +231,10 @@ class Session:
         the ASR heard words in (a partial transcript) cancels it. Coughs, claps and noise
         give no words (or too short a burst) and leave the reply alone."""
         ts = self.turn_state
-        long_enough = (self._pos - self._speech_start) * 1000 / RATE >= self.cfg.turn.barge_in_min_ms
-        if ts.interrupting and long_enough and self.replies.current is not None:
+        long_enough = (self._tracker.pos - self._speech_start) * 1000 / RATE >= self.cfg.turn.barge_in_min_ms
+        if ts.interrupting and long_enough:
             ts.barge_in()
             await self.replies.cancel("barge_in")
-
-    def _slice(self, start: int, end: int) -> np.ndarray:
-        buf = np.concatenate(self._chunks) if self._chunks else np.zeros(0, np.float32)
-        a = max(0, start - self._buf_start)
-        b = max(a, min(len(buf), end - self._buf_start))
-        return buf[a:b]
 
     async def _end_of_speech(self, end: SpeechEnd, *, t_end: float) -> None:
         turn, self._asr = self._asr, None
@@ -263,14 +246,23 @@ class Session:
         self.turn_state.speech_stopped(turn_submitted=turn is not None)
         if turn is None:
             return
-        turn.end_input(drop_tail=max(0, self._pos - (end.end + self._pad())))
+        turn.end_input(drop_tail=self._tracker.tail_after(end.end))
         spec, self._spec = self._spec, None
         if spec is not None and spec.turn is turn:
-            self._turn_task = self._spawn(self._confirm(spec))
+            self._turn_task = self._spawn(self._answer_turn(self._confirm(spec)))
         else:
-            self._turn_task = self._spawn(self._transcribe_and_reply(turn, t_end))
+            self._turn_task = self._spawn(self._answer_turn(self._transcribe_and_reply(turn, t_end)))
 
-    def _spawn(self, coro) -> asyncio.Task:
+    async def _answer_turn(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run a submitted turn's transcription and reply start; then, if it is still the
+        latest turn's, tell the turn state its transcript is done (whatever happened)."""
+        try:
+            await work
+        finally:
+            if asyncio.current_task() is self._turn_task:
+                self.turn_state.transcript_done()
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task:
         task = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -309,11 +301,11 @@ class Session:
         """The speech paused: decode the final transcript and start the reply now,
         held back until the turn really ends. Only when nothing else is in progress."""
         turn = self._asr
-        if turn is None or self._spec is not None or self._pending():
+        if turn is None or self._spec is not None or not self.turn_state.may_speculate:
             return
         spec = Speculation(turn=turn, outbox=HeldOutbox(self.out), t_end=t_end)
         # decode what the final would: the speech and pad_ms after it, not the pause
-        spec.task = self._spawn(self._run_speculation(spec, max(0, self._pos - (speech_end + self._pad()))))
+        spec.task = self._spawn(self._run_speculation(spec, self._tracker.tail_after(speech_end)))
         self._spec = spec
 
     async def _run_speculation(self, spec: Speculation, drop_tail: int) -> None:
@@ -324,7 +316,7 @@ class Session:
         except Exception:
             logger.debug("session %s: no speculation", self.id, exc_info=True)
             return
-        text = spec.peek[0].text
+        text = spec.peek[0].text if spec.peek is not None else ""
         if text:
             spec.resp = self.replies.new(out=spec.outbox, release=spec.outbox.released)
             self.replies.run(spec.resp, text, t_end=spec.t_end, asr_ms=spec.turn.last_decode_ms)
@@ -359,8 +351,8 @@ class Session:
             await self.replies.promote(spec.resp)
             promoted = True
             await spec.outbox.release()
-            if spec.resp.task.done():  # it ended (failed) before it became current
+            if not spec.resp.running:  # it ended (failed) before it became current
                 self.replies.settle(spec.resp)
         finally:
-            if not promoted and spec.resp is not None:
+            if not promoted and spec.resp is not None and spec.resp.task is not None:
                 spec.resp.task.cancel()

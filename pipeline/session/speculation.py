@@ -15,7 +15,10 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
+from pipeline.asr.turn import AsrTurn
+from pipeline.asr.types import Partial
 from pipeline.session.events import ServerEvent
+from pipeline.session.replies import Reply
 from pipeline.session.types import Outbox
 
 
@@ -55,7 +58,7 @@ class Speculation:
     """One speculative end of turn.
 
     Attributes:
-        turn: the streaming ASR turn (an :class:`~pipeline.asr.turn.AsrTurn`) it decodes.
+        turn: the streaming ASR turn it decodes.
         outbox: holds the speculative reply's events and audio.
         t_end: ``time.perf_counter()`` at the end of the user's speech (s).
         task: decodes the transcript and starts the reply.
@@ -63,12 +66,12 @@ class Speculation:
         resp: the session's reply record, once started.
     """
 
-    turn: object
+    turn: AsrTurn
     outbox: HeldOutbox
     t_end: float
     task: asyncio.Task | None = None
-    peek: tuple | None = None
-    resp: object = None
+    peek: tuple[Partial, object, object] | None = None
+    resp: Reply | None = None
 
     def drop(self) -> None:
         """Discard it: cancel the decode and the reply (nothing was sent)."""

@@ -5,6 +5,11 @@ the assistant is thinking or speaking is a barge-in *candidate*: the reply goes 
 until the session confirms real words (then :meth:`TurnState.barge_in`) or the burst
 ends without them (a cough, a clap: :meth:`TurnState.speech_stopped` returns to the
 reply's state).
+
+The session reads it to decide: :attr:`TurnState.interrupting` (may partial transcripts
+cancel the reply: barge-in), :attr:`TurnState.busy` (is a turn being answered: ``input.end``
+without speech then reports nothing) and :attr:`TurnState.may_speculate` (may a pause in
+the speech start a speculative reply).
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ import enum
 
 
 class Phase(enum.Enum):
+    """Whose turn it is."""
+
     LISTENING = "listening"
     USER_SPEAKING = "user_speaking"
     THINKING = "thinking"
@@ -20,15 +27,36 @@ class Phase(enum.Enum):
 
 
 class TurnState:
-    """Tracks whose turn it is. Every method returns the new :class:`Phase`."""
+    """Tracks whose turn it is. Every transition returns the new :class:`Phase`.
+
+    Attributes:
+        phase: the current :class:`Phase`.
+        replying: a reply is current (thinking or speaking).
+        reply_audible: its audio has started.
+        interrupting: the user speaks over a reply (not yet confirmed as a barge-in).
+        awaiting_transcript: a turn went to ASR and its final transcript is not done.
+    """
 
     def __init__(self) -> None:
         self.phase = Phase.LISTENING
-        self.replying = False  # a reply is in progress (thinking or speaking)
-        self.reply_audible = False  # its audio has started
-        self.interrupting = False  # the user speaks over a reply (unconfirmed)
+        self.replying = False
+        self.reply_audible = False
+        self.interrupting = False
+        self.awaiting_transcript = False
+
+    @property
+    def busy(self) -> bool:
+        """A turn is being transcribed or answered."""
+        return self.awaiting_transcript or self.replying
+
+    @property
+    def may_speculate(self) -> bool:
+        """The user is speaking and nothing else is in progress: a pause may start a
+        speculative final transcript and reply."""
+        return self.phase is Phase.USER_SPEAKING and not self.busy
 
     def speech_started(self) -> Phase:
+        """Confirmed speech began (over a reply: a barge-in candidate)."""
         self.interrupting = self.replying
         self.phase = Phase.USER_SPEAKING
         return self.phase
@@ -37,6 +65,7 @@ class TurnState:
         """The user's speech ended; ``turn_submitted``: it went to ASR as a turn."""
         self.interrupting = False
         if turn_submitted:
+            self.awaiting_transcript = True
             self.phase = Phase.THINKING
         else:
             self.phase = self._reply_phase()
@@ -48,13 +77,23 @@ class TurnState:
         self.phase = Phase.USER_SPEAKING
         return self.phase
 
+    def transcript_done(self) -> Phase:
+        """The latest submitted turn's final transcription ended (with words, without, or
+        failed, or abandoned because the speech went on)."""
+        self.awaiting_transcript = False
+        if self.phase is Phase.THINKING and not self.replying:
+            self.phase = Phase.LISTENING
+        return self.phase
+
     def reply_started(self) -> Phase:
+        """A reply became current."""
         self.replying, self.reply_audible = True, False
         if self.phase is not Phase.USER_SPEAKING:
             self.phase = Phase.THINKING
         return self.phase
 
     def audio_started(self) -> Phase:
+        """The current reply's first audio was sent."""
         self.reply_audible = True
         if self.phase is Phase.THINKING:
             self.phase = Phase.SPEAKING

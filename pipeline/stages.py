@@ -1,0 +1,121 @@
+"""The stage interfaces a session uses: VAD, ASR, LLM and TTS as ``typing.Protocol`` s.
+
+:class:`~pipeline.engines.Engines` holds one of each. The in-process engines
+(:class:`~audio.vad.SileroVad`, :class:`~pipeline.asr.engine.AsrEngine`,
+:class:`~pipeline.llm.engine.LlmEngine`, :class:`~pipeline.tts.engine.TtsEngine`) implement
+them; so do the fakes in ``tests/fakes.py``, and so could a remote stage (e.g. a Ray Serve
+deployment behind a small client).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+import numpy as np
+
+from pipeline.asr.types import AsrRequest, DecodeRequest, DecodeResult, Transcript
+from pipeline.llm.types import GenRequest, GenStats
+from pipeline.tts.types import Speech
+
+
+class VadStream(Protocol):
+    """One session's VAD state."""
+
+    def feed(self, samples: np.ndarray) -> np.ndarray:
+        """Consume 16 kHz float32 samples, shape (n,); return the speech probability
+        (0..1) of each 512-sample window they complete, float32 shape (k,), in order."""
+        ...
+
+
+class VadModel(Protocol):
+    """A VAD shared by every session; each session gets its own :class:`VadStream`."""
+
+    def stream(self) -> VadStream:
+        """A fresh per-session stream."""
+        ...
+
+
+class Stage(Protocol):
+    """What the process does with every model stage: start, stop, watch its queue."""
+
+    @property
+    def depth(self) -> int:
+        """Requests waiting in the stage's queue."""
+        ...
+
+    def start(self) -> None:
+        """Start the stage's workers (idempotent)."""
+        ...
+
+    def stop(self) -> None:
+        """Stop the stage's workers."""
+        ...
+
+
+class AsrStage(Stage, Protocol):
+    """Whisper: streaming decodes (:class:`DecodeRequest`) and whole utterances
+    (:class:`AsrRequest`).
+
+    ``run`` raises :class:`~pipeline.worker.Busy` when the queue is full, or the model's
+    exception.
+    """
+
+    @property
+    def multilingual(self) -> bool:
+        """False for an English-only model (``language`` is then ignored)."""
+        ...
+
+    @property
+    def languages(self) -> list[str]:
+        """ISO codes the model decodes."""
+        ...
+
+    async def run(self, item: DecodeRequest | AsrRequest) -> DecodeResult | Transcript:
+        """Decode one request: a :class:`DecodeResult` for a :class:`DecodeRequest`, a
+        :class:`Transcript` for an :class:`AsrRequest`."""
+        ...
+
+
+class TextStream(Protocol):
+    """A reply's text deltas (``async for delta in stream``); see
+    :class:`~pipeline.llm.stream.TokenStream`. ``stats`` is complete once iteration ends;
+    iteration raises the engine's exception if generation failed."""
+
+    stats: GenStats
+
+    def __aiter__(self) -> AsyncIterator[str]: ...
+
+    async def __anext__(self) -> str: ...
+
+    def abort(self) -> None:
+        """Stop generating (thread-safe, idempotent)."""
+        ...
+
+
+class LlmStage(Stage, Protocol):
+    """The continuously batched LLM."""
+
+    def submit(self, req: GenRequest) -> TextStream:
+        """Queue a request; returns its stream of text deltas.
+
+        Raises:
+            Busy: the stage's queue is full.
+        """
+        ...
+
+    def count_tokens(self, messages: list[dict]) -> int:
+        """Prompt tokens of chat ``messages`` (may be slow: call it off the event loop)."""
+        ...
+
+
+class TtsStage(Stage, Protocol):
+    """Text to speech, one phrase at a time."""
+
+    async def run(self, item: str) -> Speech:
+        """Synthesize one phrase.
+
+        Raises:
+            Busy: the stage's queue is full; or the voice's exception.
+        """
+        ...
