@@ -19,6 +19,8 @@ def _parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="run the WebSocket server")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8765)
+    s.add_argument("--max-sessions", type=int, default=0,
+                   help="open sessions at most; more are refused (HTTP 503 / close 1013); 0: 8 per LLM batch slot")
     s.add_argument("--llm", default="qwen", help="qwen (default), smollm2, or a local transformers folder")
     s.add_argument("--asr-model", default="tiny.en",
                    help="tiny.en (default), base (multilingual, detects the language) or a CTranslate2 Whisper folder")
@@ -33,6 +35,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--end-silence-ms", type=int, default=500, help="silence that ends a turn")
     s.add_argument("--early-end-ms", type=int, default=200,
                    help="silence after which the reply starts speculatively, held until the turn ends (0: off)")
+    s.add_argument("--slo-ms", type=float, default=2000.0,
+                   help="voice-to-voice latency target: a turn predicted to miss it is refused with busy (ms)")
+    s.add_argument("--no-admission", action="store_true", help="admit every turn, whatever the load")
     s.add_argument("--log-level", default="INFO")
 
     a = sub.add_parser("ask", help="send an audio file, print and save the spoken reply")
@@ -118,6 +123,7 @@ def _serve(args) -> int:
     _runtime_env()
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from pipeline.config import (
+        AdmissionConfig,
         AsrConfig,
         LlmConfig,
         SchedulerConfig,
@@ -134,7 +140,8 @@ def _serve(args) -> int:
                       max_new_tokens=args.max_new_tokens),
         llm_batch=SchedulerConfig(max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms),
         tts=TtsConfig(voice=args.voice, threads=args.tts_threads),
-        server=ServerConfig(host=args.host, port=args.port),
+        admission=AdmissionConfig(enabled=not args.no_admission, slo_ms=args.slo_ms),
+        server=ServerConfig(host=args.host, port=args.port, max_sessions=args.max_sessions),
     )
     try:
         cfg.validate()
@@ -192,6 +199,9 @@ def _ask(args) -> int:
     else:
         print(f"you said:   {res.transcript or '(nothing)'}")
         why = f" (turn.empty: {res.empty_reason})" if res.empty_reason and not res.reply_text else ""
+        if res.busy and not res.reply_text:
+            retry_s = (res.busy.get("retry_after_ms") or 0) / 1000
+            why = f" (busy: {res.busy.get('reason')}, retry in {retry_s:.1f} s: {res.busy.get('message')})"
         print(f"voxpipe:    {res.reply_text or '(no reply)'}{why}")
         if res.reply_audio:
             print(f"reply audio {res.as_json()['reply_audio_s']:.2f} s -> {args.out}")

@@ -35,6 +35,7 @@ class AskResult:
     events: list[dict] = field(default_factory=list)
     errors: list[dict] = field(default_factory=list)
     empty_reason: str | None = None  # the turn had no words: ``turn.empty``'s reason
+    busy: dict | None = None  # the turn was refused: ``busy``'s reason, retry_after_ms, message
 
     @property
     def reply_audio_s(self) -> float:
@@ -43,7 +44,7 @@ class AskResult:
     def as_json(self) -> dict:
         return {"transcript": self.transcript, "reply_text": self.reply_text,
                 "reply_audio_s": round(self.reply_audio_s, 3), "timings_ms": self.timings_ms,
-                "partials": self.partials, "turn_empty": self.empty_reason,
+                "partials": self.partials, "turn_empty": self.empty_reason, "busy": self.busy,
                 "errors": [{"code": e.get("code"), "message": e.get("message")} for e in self.errors]}
 
 
@@ -140,6 +141,10 @@ async def _receive(ws, res: AskResult, marks: dict, on_partial: Callable[[dict],
                 return
         elif kind == "turn.empty":
             res.empty_reason = ev.get("reason")
+            if "input_end" in marks:
+                return
+        elif kind == "busy":
+            res.busy = {k: ev.get(k) for k in ("reason", "retry_after_ms", "message")}
             if "input_end" in marks:
                 return
         elif kind == "error":

@@ -58,6 +58,9 @@ async def _session(url: str, input_device, output_device) -> None:
                 elif kind == "response.cancelled":
                     cancelled.add(ev["response_id"])
                     player.flush()
+                elif kind == "busy":
+                    retry_s = ev.get("retry_after_ms", 0) / 1000
+                    print(f"voxpipe is busy ({ev['reason']}): try again in {retry_s:.1f} s", file=sys.stderr)
                 elif kind == "error":
                     print(f"error {ev['code']}: {ev['message']}", file=sys.stderr)
         finally:

@@ -173,6 +173,35 @@ class TtsConfig:
 
 
 @dataclass(slots=True, kw_only=True)
+class AdmissionConfig:
+    """Admission control against a latency SLO (:mod:`pipeline.serving.admission`).
+
+    Attributes:
+        enabled: refuse turns predicted to miss the SLO (True).
+        slo_ms: the voice-to-voice target: end of the user's speech (including the
+            end-of-turn silence) to the reply's first audio (2000 ms, DESIGN.md §5).
+        first_phrase_tokens: LLM tokens until a reply's first phrase is complete (8).
+        prefill_steps: engine steps from joining the batch to the first token (2).
+        prior_asr_ms, prior_llm_step_ms, prior_tts_ms, prior_reply_tokens: starting
+            values of the measured service times (a final decode, an LLM step, a first
+            phrase's synthesis, tokens per reply), replaced by measurements as turns
+            complete (moving averages).
+        pending_ttl_s: an admitted turn counts as queued for the LLM until its request is
+            submitted, or at most this long (10 s; a safety net, should a release be missed).
+    """
+
+    enabled: bool = True
+    slo_ms: float = 2000.0
+    first_phrase_tokens: int = 8
+    prefill_steps: int = 2
+    prior_asr_ms: float = 150.0
+    prior_llm_step_ms: float = 50.0
+    prior_tts_ms: float = 150.0
+    prior_reply_tokens: float = 30.0
+    pending_ttl_s: float = 10.0
+
+
+@dataclass(slots=True, kw_only=True)
 class ServerConfig:
     """WebSocket server.
 
@@ -183,6 +212,9 @@ class ServerConfig:
         send_queue: outbound events buffered per session before the slowest data is
             dropped (256).
         slow_client_timeout_s: a client that does not read for this long is closed (10 s).
+        max_sessions: open sessions at most; more connections are refused (HTTP 503 before
+            the upgrade, or close code 1013) before they cost anything. 0 = auto: 8 per LLM
+            batch slot (64 with the default batch of 8).
     """
 
     host: str = "127.0.0.1"
@@ -190,6 +222,7 @@ class ServerConfig:
     max_message_bytes: int = 4 * 1024 * 1024
     send_queue: int = 256
     slow_client_timeout_s: float = 10.0
+    max_sessions: int = 0
 
 
 @dataclass(slots=True, kw_only=True)
@@ -201,6 +234,7 @@ class VoxpipeConfig:
     llm: LlmConfig = field(default_factory=LlmConfig)
     llm_batch: SchedulerConfig = field(default_factory=SchedulerConfig)
     tts: TtsConfig = field(default_factory=TtsConfig)
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
 
     def validate(self) -> VoxpipeConfig:
@@ -236,6 +270,10 @@ class VoxpipeConfig:
             raise ValueError("llm_batch: max_batch_size >= 1, max_wait_ms >= 0, max_prefill_tokens >= 16")
         if b.max_kv_tokens < self.llm.max_context_tokens + self.llm.max_new_tokens:
             raise ValueError("llm_batch.max_kv_tokens must fit at least one full request")
+        if not 100.0 <= self.admission.slo_ms <= 600_000.0:
+            raise ValueError("admission.slo_ms must be within 100..600000 ms")
+        if self.server.max_sessions < 0:
+            raise ValueError("server.max_sessions must be >= 0 (0: auto)")
         if self.server.max_message_bytes < 4096:
             raise ValueError("server.max_message_bytes must be >= 4096")
         return self

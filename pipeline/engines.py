@@ -16,6 +16,7 @@ from pipeline.config import VoxpipeConfig
 from pipeline.llm.engine import LlmEngine
 from pipeline.llm.loader import load_llm
 from pipeline.llm.types import GenRequest
+from pipeline.serving.admission import Load
 from pipeline.stages import AsrStage, LlmStage, Stage, TtsStage, VadModel
 from pipeline.tts.engine import TtsEngine
 from pipeline.tts.loader import load_voice
@@ -37,6 +38,14 @@ class Engines:
     def queue_depths(self) -> dict[str, int]:
         """Waiting requests per stage."""
         return {"asr": self.asr.depth, "llm": self.llm.depth, "tts": self.tts.depth}
+
+    def load(self, cfg: VoxpipeConfig) -> Load:
+        """A snapshot of the stages' queues for admission (:mod:`pipeline.serving.admission`)."""
+        llm = self.llm
+        return Load(asr_waiting=self.asr.depth, asr_batch=cfg.asr.max_batch_size, llm_waiting=llm.depth,
+                    llm_running=llm.active, llm_slots=llm.slots, kv_reserved=llm.kv_reserved,
+                    kv_budget=llm.kv_budget, llm_step_ms=llm.step_ms, tts_waiting=self.tts.depth,
+                    tts_workers=cfg.tts.workers)
 
     def start(self) -> None:
         """Start every stage's workers."""

@@ -24,6 +24,11 @@ VOICE_TO_VOICE = Histogram("voxpipe_voice_to_voice_seconds", "end of user speech
 SPECULATIONS = Counter("voxpipe_speculations_total",
                        "speculative ends of turn (used: the turn ended there; dropped: the user went on; "
                        "failed: no transcript in time)", ["outcome"], registry=REGISTRY)
+ADMISSIONS = Counter("voxpipe_admissions_total",
+                     "turns admitted or refused at the end of the user's turn (reason: queue, memory, "
+                     "sessions, stage; '' when admitted)", ["decision", "reason"], registry=REGISTRY)
+PREDICTED = Histogram("voxpipe_admission_predicted_seconds",
+                      "admission's predicted end of turn to first reply audio", buckets=_LAT, registry=REGISTRY)
 SESSIONS = Gauge("voxpipe_sessions", "open sessions", registry=REGISTRY)
 ERRORS = Counter("voxpipe_client_errors_total", "error events sent to clients", ["code"], registry=REGISTRY)
 LLM_RUNNING = Gauge("voxpipe_llm_running", "LLM requests decoding in the batch", registry=REGISTRY)

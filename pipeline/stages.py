@@ -108,6 +108,31 @@ class LlmStage(Stage, Protocol):
         """Prompt tokens of chat ``messages`` (may be slow: call it off the event loop)."""
         ...
 
+    @property
+    def active(self) -> int:
+        """Requests in the batch now."""
+        ...
+
+    @property
+    def slots(self) -> int:
+        """The batch's size."""
+        ...
+
+    @property
+    def kv_reserved(self) -> int:
+        """KV-cache tokens the batch's requests may hold."""
+        ...
+
+    @property
+    def kv_budget(self) -> int:
+        """The KV-cache budget (tokens)."""
+        ...
+
+    @property
+    def step_ms(self) -> float:
+        """Measured time per engine step now (ms; 0 before the first)."""
+        ...
+
 
 class TtsStage(Stage, Protocol):
     """Text to speech, one phrase at a time."""

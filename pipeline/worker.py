@@ -13,7 +13,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 logger = logging.getLogger(__name__)
 
@@ -21,8 +21,26 @@ In = TypeVar("In")
 Out = TypeVar("Out")
 
 
+BusyReason = Literal["queue", "memory", "sessions", "stage"]
+"""Why work was refused: ``queue`` (the predicted time to first audio would miss the latency
+SLO), ``memory`` (the LLM's memory budget is full), ``sessions`` (the server's session
+cap), ``stage`` (a stage's bounded queue is full)."""
+
+
 class Busy(RuntimeError):
-    """The stage's queue is full: the caller should tell the client ``busy`` and move on."""
+    """Work refused for lack of capacity: the caller tells the client ``busy`` and moves on.
+
+    Args:
+        message: what was full, for people.
+        reason: ``stage`` (a bounded queue is full: the default), ``memory`` (a memory
+            budget), ``queue`` (the latency SLO could not be met) or ``sessions``.
+        retry_after_ms: when a retry may succeed (ms).
+    """
+
+    def __init__(self, message: str, *, reason: BusyReason = "stage", retry_after_ms: int = 1000) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.retry_after_ms = retry_after_ms
 
 
 @dataclass(slots=True)

@@ -17,6 +17,7 @@ from websockets.http11 import Request, Response
 from pipeline import metrics
 from pipeline.config import VoxpipeConfig
 from pipeline.engines import Engines
+from pipeline.serving.admission import Admission
 from pipeline.session.events import InputEnd, ResponseCancel, SessionEnd, SessionStart, TextInput
 from pipeline.session.session import Session
 
@@ -26,6 +27,12 @@ from .protocol import ProtocolError, parse_client_event
 logger = logging.getLogger(__name__)
 
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
+CLOSE_TRY_AGAIN_LATER = 1013
+"""WebSocket close code for a connection refused by the session cap (RFC 6455 registry)."""
+AUTO_SESSIONS_PER_SLOT = 8
+"""``--max-sessions 0`` (auto): this many open sessions per LLM batch slot (64 by default).
+Sessions mostly listen; admission gates their turns, the cap bounds what idle sessions hold
+(buffers, VAD state, an outbox each)."""
 
 
 class VoxpipeServer:
@@ -39,7 +46,9 @@ class VoxpipeServer:
     def __init__(self, engines: Engines, cfg: VoxpipeConfig) -> None:
         self.engines, self.cfg = engines, cfg
         self.ready = False
+        self.admission = Admission(cfg.admission)  # one policy, one set of service times, for every session
         self.sessions = 0
+        self.max_sessions = cfg.server.max_sessions or AUTO_SESSIONS_PER_SLOT * cfg.llm_batch.max_batch_size
 
     async def serve(self, host: str | None = None, port: int | None = None):
         """Start listening; returns the websockets ``Server`` (use as async context)."""
@@ -61,6 +70,12 @@ class VoxpipeServer:
     def process_request(self, connection: ServerConnection, request: Request) -> Response | None:
         path = request.path.split("?", 1)[0]
         if path == "/ws":
+            if self.sessions >= self.max_sessions:  # cheap early refusal, before the upgrade
+                metrics.ADMISSIONS.labels("refused", "sessions").inc()
+                resp = connection.respond(http.HTTPStatus.SERVICE_UNAVAILABLE,
+                                          f"server full: {self.max_sessions} sessions (--max-sessions)\n")
+                resp.headers["Retry-After"] = "5"
+                return resp
             return None
         if path == "/healthz":
             status = http.HTTPStatus.OK if self.ready else http.HTTPStatus.SERVICE_UNAVAILABLE
@@ -80,12 +95,16 @@ class VoxpipeServer:
 
     async def handle(self, ws: ServerConnection) -> None:
         """One connection = one session; everything it starts ends with it."""
+        if self.sessions >= self.max_sessions:  # checked and counted with no await between: atomic
+            metrics.ADMISSIONS.labels("refused", "sessions").inc()
+            await ws.close(CLOSE_TRY_AGAIN_LATER, f"server full: {self.max_sessions} sessions")
+            return
         sid = uuid.uuid4().hex[:12]
         s = self.cfg.server
         out = WsOutbox(ws, maxsize=s.send_queue, timeout_s=s.slow_client_timeout_s)
         writer = asyncio.create_task(out.run())
-        session = Session(engines=self.engines, cfg=self.cfg, out=out, session_id=sid)
-        self.sessions += 1
+        session = Session(engines=self.engines, cfg=self.cfg, out=out, session_id=sid, admission=self.admission)
+        self.sessions += 1  # no await since the check above: a burst never admits cap + 1
         metrics.SESSIONS.inc()
         logger.info("session %s opened from %s", sid, ws.remote_address)
         try:

@@ -75,7 +75,11 @@ def running_server(log: Path, *args: str, ready_s: float = 600):
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory):
-    """``voxpipe serve --llm smollm2`` on a free port: its URLs, process and log."""
+    """``voxpipe serve --llm smollm2`` on a free port: its URLs, process and log.
+
+    Its latency SLO is lenient (60 s): these tests check everything but admission, on
+    machines that may be loaded; admission on the real server with the default SLO is
+    tests/test_admission_server.py's."""
     log = tmp_path_factory.mktemp("server") / "serve.log"
-    with running_server(log) as (port, proc):
+    with running_server(log, "--slo-ms", "60000") as (port, proc):
         yield {"url": f"ws://127.0.0.1:{port}/ws", "http": f"http://127.0.0.1:{port}", "proc": proc, "log": log}

@@ -230,6 +230,12 @@ class FakeLlm(_Stage):
     def count_tokens(self, messages: list[dict]) -> int:
         return sum(len(str(m["content"]).split()) + 4 for m in messages)
 
+    active = 0
+    slots = 8
+    kv_reserved = 0
+    kv_budget = 1 << 20
+    step_ms = 0.0
+
     @property
     def aborted(self) -> list[int]:
         """Indices of the requests whose stream was aborted."""

@@ -18,6 +18,7 @@ import numpy as np
 
 from pipeline.config import VoxpipeConfig
 from pipeline.engines import Engines
+from pipeline.serving.admission import Admission
 from pipeline.session import events as ev
 from pipeline.session.session import Session
 from tests.fakes import RATE, fake_engines, pcm16
@@ -156,10 +157,12 @@ class Harness:
     engines: Engines = field(default_factory=fake_engines)
     cfg: VoxpipeConfig = field(default_factory=VoxpipeConfig)
     out: RecordingOutbox = field(default_factory=RecordingOutbox)
+    admission: Admission | None = None
     session: Session = field(init=False)
 
     def __post_init__(self) -> None:
-        self.session = Session(engines=self.engines, cfg=self.cfg, out=self.out, session_id="test")
+        self.session = Session(engines=self.engines, cfg=self.cfg, out=self.out, session_id="test",
+                               admission=self.admission)
 
     async def play(self, script: Sequence[Action]) -> list[Seen]:
         """Run ``script`` in order; returns everything seen so far."""

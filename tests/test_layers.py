@@ -12,6 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("audio", "pipeline", "server", "clients", "cli", "bench")
 INFRA = {"pipeline.config", "pipeline.worker", "pipeline.metrics", "pipeline.model_files", "pipeline"}
+INFRA_ROOMS = ("serving",)  # pure serving policies (admission, ...): beside the infrastructure
 STAGES = ("asr", "llm", "tts")
 RANK = {"audio": 0, "infra": 1, "asr": 2, "llm": 2, "tts": 2, "engines": 3, "session": 4, "server": 5,
         "clients": 6, "bench": 7, "cli": 8}
@@ -29,6 +30,8 @@ def room(module: str) -> str | None:
     if module in INFRA:
         return "infra"
     sub = parts[1]
+    if sub in INFRA_ROOMS:
+        return "infra"
     if sub in STAGES:
         return sub
     if sub in ("engines", "stages"):

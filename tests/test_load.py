@@ -61,12 +61,11 @@ async def test_thirty_concurrent_sessions_complete_or_get_busy(server):
             await c.start(sample_rate=16000, output_sample_rate=8000)
             text = "What is the capital of France?" if i % 2 else "Tell me a short story about a brave little fox."
             await c.send_json({"type": "text.input", "text": text})
-            ev = await c.wait_for(lambda e: e["type"] == "response.done"
-                                  or (e["type"] == "error" and e["code"] == "busy"), 900)
+            ev = await c.wait_for(lambda e: e["type"] in ("response.done", "busy"), 900)
             return ev["type"]
 
     results = await asyncio.gather(*(one(i) for i in range(30)))
-    assert set(results) <= {"response.done", "error"}
+    assert set(results) <= {"response.done", "busy"}
     assert results.count("response.done") >= 1
     assert await wait_metric(server, "voxpipe_llm_running", 0.0) == 0.0
     async with Client(server["url"]) as c:  # still serving

@@ -33,8 +33,8 @@ def _documented_client_types() -> set[str]:
 
 def _server_rows() -> dict[str, str]:
     """``type`` → its row in the server event table."""
-    rows = re.findall(r"^\| `([a-z_.]+)` \|(.*)$", _section("Server → client"), flags=re.M)
-    return {kind: row for kind, row in rows if "." in kind or kind == "error"}
+    table = _section("Server → client").split("| event | fields | when |", 1)[1].split("\n\n", 1)[0]
+    return dict(re.findall(r"^\| `([a-z_.]+)` \|(.*)$", table, flags=re.M))
 
 
 def _fields(cls) -> list[str]:
@@ -94,7 +94,8 @@ SAMPLES: list[ev.ServerEvent] = [
     ev.ResponseDone(response_id=1, text="Sure.", fallback=False, finish_reason="stop", output_tokens=3,
                     audio_s=0.5, timings_ms={"llm_ttft": 120.5}),
     ev.ResponseCancelled(response_id=1, spoken_text="", reason="barge_in"),
-    ev.Error(code="busy", message="llm is busy", fatal=False),
+    ev.Busy(reason="queue", retry_after_ms=1200, message="a reply now would take ~3200 ms, over the SLO"),
+    ev.Error(code="bad_json", message="text frame is not JSON", fatal=False),
 ]
 
 

@@ -156,9 +156,10 @@ async def test_llm_busy_reports_busy_and_the_session_goes_on():
     llm = FakeLlm([Busy("llm is busy"), LlmReply.of("Second try works.")])
     h = Harness(engines=fake_engines(llm=llm))
     try:
-        await h.play([Start(), Text("first"), WaitFor(ev.Error)])
-        errors = of(h.out.seen, ev.Error)
-        assert [(e.code, e.fatal) for e in errors] == [("busy", False)]
+        await h.play([Start(), Text("first"), WaitFor(ev.Busy)])
+        assert [(b.reason, b.retry_after_ms > 0) for b in of(h.out.seen, ev.Busy)] == [("stage", True)]
+        assert not of(h.out.seen, ev.ResponseStarted)  # refused before response.started: nothing left open
+        assert not of(h.out.seen, ev.Error)
         await h.play([Text("second"), WaitFor(ev.ResponseDone)])
         assert texts(h.out.seen) == "Second try works."
         assert h.session.turn_state.phase is not Phase.THINKING or h.session.replies.current is None

@@ -58,6 +58,21 @@
     box.scrollTop = box.scrollHeight;
   }
 
+  // A refused turn: say why, and count down to when a retry may succeed.
+  function showBusy(ev) {
+    const el = bubble("assistant busy", "");
+    const until = performance.now() + ev.retry_after_ms;
+    const tick = () => {
+      const left = Math.max(0, until - performance.now());
+      el.querySelector(".text").textContent = left > 0
+        ? `Busy (${ev.reason}) — try again in ${(left / 1000).toFixed(1)} s`
+        : `Busy (${ev.reason}) — you can try again now`;
+      if (left > 0) setTimeout(tick, 100);
+    };
+    el.querySelector(".meta").textContent = ev.message;
+    tick();
+  }
+
   function bubble(role, text) {
     const div = document.createElement("div");
     div.className = `msg ${role}`;
@@ -233,6 +248,10 @@
           if (user && user.spoken && !cancelRequested.has(ev.response_id)) user.el.classList.add("cancelled");
         }
         log(`← response.cancelled #${ev.response_id}`);
+        break;
+      case "busy":
+        showBusy(ev);
+        log(`← busy (${ev.reason}): retry in ${ev.retry_after_ms} ms: ${ev.message}`, "error");
         break;
       case "error":
         log(`← error ${ev.code}${ev.fatal ? " (fatal)" : ""}: ${ev.message}`, "error");

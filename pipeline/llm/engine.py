@@ -73,6 +73,7 @@ class LlmEngine:
         self._probes: dict[str | None, list[int]] = {}
         self._next_rid = 0
         self.steps = 0
+        self.step_ms = 0.0  # moving average of a model step's time (ms), at the batch it ran
         self._trimmed_at = 0
         self.batch_sizes: list[int] = []
         self.token_log: list[tuple[float, int]] = []
@@ -86,6 +87,21 @@ class LlmEngine:
     def active(self) -> int:
         """Requests in the batch right now (decoding, or prefilling their prompt)."""
         return len(self.scheduler.running) + len(self.scheduler.prefilling)
+
+    @property
+    def slots(self) -> int:
+        """The batch's size (``max_batch_size``)."""
+        return self.scheduler.cfg.max_batch_size
+
+    @property
+    def kv_reserved(self) -> int:
+        """KV-cache tokens the batch's requests may hold (prompt + max new tokens each)."""
+        return self.scheduler.kv_reserved
+
+    @property
+    def kv_budget(self) -> int:
+        """The KV-cache budget in tokens (``max_kv_tokens``)."""
+        return self.scheduler.cfg.max_kv_tokens
 
     def start(self) -> None:
         """Start the engine thread (idempotent)."""
@@ -259,12 +275,17 @@ class LlmEngine:
     def _execute(self, plan: StepPlan) -> dict[int, int] | None:
         """Run ``plan`` on the model: ``rid -> sampled token``, or None when the step
         failed (every request in flight then ends with the error)."""
+        t0 = time.perf_counter()
         try:
-            return self.runner.execute(plan)
+            out = self.runner.execute(plan)
         except Exception as exc:  # the streams get the error; the engine carries on
             logger.exception("llm step failed")
             self._fail_all(exc)
             return None
+        if plan.decode or plan.prefill:  # an evict-only step says nothing of a step's cost
+            ms = (time.perf_counter() - t0) * 1000
+            self.step_ms = ms if self.step_ms == 0.0 else self.step_ms + 0.1 * (ms - self.step_ms)
+        return out
 
     def _record_step(self, plan: StepPlan, sampled: list[tuple[SchedRequest, int | None]]) -> None:
         """Count the step; record its batch size (Prometheus ``LLM_BATCH``,

@@ -95,7 +95,7 @@ class Scheduler:
             if waited * 1000 < c.max_wait_ms:  # hold a lone request briefly for company
                 plan.wait_s = c.max_wait_ms / 1000 - waited
                 return
-        kv = sum(r.kv_tokens for r in self.running) + sum(r.kv_tokens for r in self.prefilling)
+        kv = self.kv_reserved
         while self.waiting and len(self.running) + len(self.prefilling) < c.max_batch_size:
             req = self.waiting[0]
             if (self.running or self.prefilling) and kv + req.kv_tokens > c.max_kv_tokens:
@@ -104,6 +104,11 @@ class Scheduler:
             req.state = State.RUNNING
             self.prefilling.append(req)
             kv += req.kv_tokens
+
+    @property
+    def kv_reserved(self) -> int:
+        """KV-cache tokens the batch's requests may hold (prompt + max new tokens each)."""
+        return sum(r.kv_tokens for r in self.running) + sum(r.kv_tokens for r in self.prefilling)
 
     def _chunk(self, plan: StepPlan, req: SchedRequest, budget: int) -> int:
         n = min(budget, len(req.prompt_ids) - req.num_computed, self._attention_cap(req.num_computed))

@@ -15,6 +15,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from pipeline.worker import BusyReason
+
 PROTOCOL_VERSION = 1
 MAX_TEXT_CHARS = 8000
 """Longest ``text.input`` / ``system_prompt`` accepted (characters)."""
@@ -168,7 +170,7 @@ class ResponseDone(_ServerEvent):
     timings_ms: dict[str, float]
 
 
-CancelReason = Literal["client", "barge_in", "continued", "new_turn", "restart"]
+CancelReason = Literal["client", "barge_in", "continued", "new_turn", "restart", "error"]
 
 
 class ResponseCancelled(_ServerEvent):
@@ -180,7 +182,17 @@ class ResponseCancelled(_ServerEvent):
     reason: CancelReason
 
 
-ErrorCode = Literal["bad_json", "unknown_type", "bad_event", "no_session", "bad_audio", "busy", "asr_failed",
+class Busy(_ServerEvent):
+    """A turn was refused before any work was spent on it (no final transcript, no
+    reply): try again after ``retry_after_ms``."""
+
+    type: Literal["busy"] = "busy"
+    reason: BusyReason
+    retry_after_ms: int = Field(ge=0, description="when a retry may succeed (ms)")
+    message: str
+
+
+ErrorCode = Literal["bad_json", "unknown_type", "bad_event", "no_session", "bad_audio", "asr_failed",
                     "tts_failed", "reply_failed", "not_ready", "internal"]
 
 
@@ -194,13 +206,13 @@ class Error(_ServerEvent):
 
 
 ServerEvent = Annotated[SessionStarted | SpeechStarted | SpeechStopped | TranscriptPartial | TranscriptFinal | TurnEmpty
-                        | ResponseStarted | ResponseTextDelta | ResponseDone | ResponseCancelled | Error,
+                        | ResponseStarted | ResponseTextDelta | ResponseDone | ResponseCancelled | Busy | Error,
                         Field(discriminator="type")]
 """Any server → client event."""
 
 SERVER_EVENTS: tuple[type[BaseModel], ...] = (
     SessionStarted, SpeechStarted, SpeechStopped, TranscriptPartial, TranscriptFinal, TurnEmpty,
-    ResponseStarted, ResponseTextDelta, ResponseDone, ResponseCancelled, Error,
+    ResponseStarted, ResponseTextDelta, ResponseDone, ResponseCancelled, Busy, Error,
 )
 
 

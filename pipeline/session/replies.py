@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pipeline import metrics
 from pipeline.config import VoxpipeConfig
 from pipeline.engines import Engines
+from pipeline.serving.admission import ServiceTimes
 from pipeline.session import events as ev
 from pipeline.session.history import ChatHistory
 from pipeline.session.responder import Responder
@@ -23,6 +24,12 @@ from pipeline.session.types import Outbox
 from pipeline.worker import Busy
 
 logger = logging.getLogger(__name__)
+
+
+async def send_busy(out: Outbox, exc: Busy) -> None:
+    """Tell the client its turn was refused (a ``busy`` event, counted by reason)."""
+    metrics.ADMISSIONS.labels("refused", exc.reason).inc()
+    await out.send(ev.Busy(reason=exc.reason, retry_after_ms=exc.retry_after_ms, message=str(exc)))
 
 CANCEL_WAIT_S = 2.0
 """Longest wait for a cancelled reply to wind down before the session moves on (s)."""
@@ -58,8 +65,10 @@ class Replies:
     """
 
     def __init__(self, *, engines: Engines, cfg: VoxpipeConfig, out: Outbox, history: ChatHistory,
-                 turn_state: TurnState, spawn: Callable[..., asyncio.Task], session_id: str) -> None:
+                 turn_state: TurnState, spawn: Callable[..., asyncio.Task], session_id: str,
+                 times: ServiceTimes | None = None) -> None:
         self.engines, self.cfg, self.out, self.history = engines, cfg, out, history
+        self.times = times
         self.turn_state, self._spawn, self.id = turn_state, spawn, session_id
         self.output_rate = 24000  # reply audio rate (Hz), set by session.start
         self.current: Reply | None = None
@@ -81,18 +90,23 @@ class Replies:
 
         return Reply(Responder(rid=self._next_rid, engines=self.engines, cfg=self.cfg, out=out,
                                history=self.history, output_rate=self.output_rate, error=error,
-                               on_audio_start=self.turn_state.audio_started, release=release))
+                               on_audio_start=self.turn_state.audio_started, release=release,
+                               times=self.times))
 
-    def run(self, reply: Reply, user_text: str, *, t_end: float, asr_ms: float) -> None:
-        """Start ``reply``'s task."""
+    def run(self, reply: Reply, user_text: str, *, t_end: float, asr_ms: float,
+            on_submit: Callable[[], None] | None = None) -> None:
+        """Start ``reply``'s task; ``on_submit`` is called once its LLM request was
+        submitted (or refused)."""
+        reply.responder.on_submit = on_submit
         reply.task = self._spawn(self._run(reply, user_text, t_end, asr_ms))
 
-    async def begin(self, user_text: str, *, t_end: float, asr_ms: float) -> None:
+    async def begin(self, user_text: str, *, t_end: float, asr_ms: float,
+                    on_submit: Callable[[], None] | None = None) -> None:
         """Cancel the current reply and answer ``user_text`` with a new current one."""
         await self.cancel()
         reply = self.new()
         self.turn_state.reply_started()
-        self.run(reply, user_text, t_end=t_end, asr_ms=asr_ms)
+        self.run(reply, user_text, t_end=t_end, asr_ms=asr_ms, on_submit=on_submit)
         self.current = reply
 
     async def promote(self, reply: Reply) -> None:
@@ -135,12 +149,16 @@ class Replies:
     async def _run(self, reply: Reply, user_text: str, t_end: float, asr_ms: float) -> None:
         try:
             await reply.responder.run(user_text, t_end=t_end, asr_ms=asr_ms)
-        except Busy as exc:
-            await reply.responder.error("busy", str(exc))
+        except Busy as exc:  # raised before response.started: the turn is refused, nothing is open
+            await send_busy(reply.responder.out, exc)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             logger.exception("session %s: reply failed", self.id)
             await reply.responder.error("reply_failed", f"reply failed: {exc}")
+            if reply.responder.started:  # every started response ends with done or cancelled
+                spoken = " ".join(reply.responder.spoken).strip()
+                await reply.responder.out.send(ev.ResponseCancelled(response_id=reply.rid, spoken_text=spoken,
+                                                                    reason="error"))
         finally:
             self.settle(reply)

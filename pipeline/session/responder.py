@@ -19,6 +19,7 @@ from pipeline import metrics
 from pipeline.config import VoxpipeConfig
 from pipeline.engines import Engines
 from pipeline.llm.types import FinishReason, GenRequest
+from pipeline.serving.admission import ServiceTimes
 from pipeline.session import events as ev
 from pipeline.session.history import ChatHistory
 from pipeline.session.types import Outbox
@@ -53,10 +54,12 @@ class Responder:
     def __init__(self, *, rid: int, engines: Engines, cfg: VoxpipeConfig, out: Outbox, history: ChatHistory,
                  output_rate: int, error: Callable[[ev.ErrorCode, str], Awaitable[None]],
                  on_audio_start: Callable[[], object] | None = None,
-                 release: asyncio.Event | None = None) -> None:
+                 release: asyncio.Event | None = None, times: ServiceTimes | None = None) -> None:
         self.rid, self.engines, self.cfg, self.out = rid, engines, cfg, out
         self.history, self.output_rate, self.error = history, output_rate, error
-        self.on_audio_start, self.release = on_audio_start, release
+        self.on_audio_start, self.release, self.times = on_audio_start, release, times
+        self.started = False  # response.started was sent: the reply must end with done or cancelled
+        self.on_submit: Callable[[], None] | None = None  # told once the LLM request is queued (or refused)
         self.spoken: list[str] = []
         self.timings: dict[str, float] = {}
         self.audio_s = 0.0
@@ -70,11 +73,17 @@ class Responder:
         """Generate, speak, and record the exchange; on cancel, record what was spoken."""
         llm, cfg = self.engines.llm, self.cfg.llm
         t0 = time.perf_counter()
-        await self.out.send(ev.ResponseStarted(response_id=self.rid, user_text=user_text))
         messages = await asyncio.to_thread(self.history.prompt, user_text, llm.count_tokens,
                                            cfg.max_context_tokens - cfg.max_new_tokens)
         asked = messages[-1]["content"]  # the user text as it fit the context budget
-        stream = llm.submit(GenRequest(messages=messages, max_new_tokens=cfg.max_new_tokens))  # may raise Busy
+        # may raise Busy: before response.started, so a refused reply leaves no open response
+        try:
+            stream = llm.submit(GenRequest(messages=messages, max_new_tokens=cfg.max_new_tokens))
+        finally:
+            if self.on_submit is not None:
+                self.on_submit()
+        self.started = True
+        await self.out.send(ev.ResponseStarted(response_id=self.rid, user_text=user_text))
         speaker = asyncio.create_task(self._speak(t0, t_end))
         try:
             text, fallback = await self._generate(stream)
@@ -92,6 +101,8 @@ class Responder:
         if st.tpot_ms:
             metrics.LLM_TPOT.observe(st.tpot_ms / 1000)
         self.history.add_turn(asked, text)
+        if self.times is not None:
+            self.times.reply_tokens.add(st.output_tokens)
         timings = {"asr": round(asr_ms, 1), "llm_ttft": round(st.ttft_ms, 1), "llm_tpot": round(st.tpot_ms, 1),
                    **self.timings}
         await self.out.send(ev.ResponseDone(response_id=self.rid, text=text, fallback=fallback,
@@ -152,6 +163,8 @@ class Responder:
                             self.timings[key] = round((now - max(mark, self._t_release)) * 1000, 1)
                     synth_s, audio_s = speech.synth_ms / 1000, len(speech.audio) / speech.sample_rate
                     self.timings["tts_rtf"] = round(synth_s / audio_s, 3)
+                    if self.times is not None:
+                        self.times.tts_phrase.add(speech.synth_ms)
                     if self.on_audio_start is not None:
                         self.on_audio_start()
                     metrics.FIRST_AUDIO.observe(now - max(t0, self._t_release))

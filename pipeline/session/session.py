@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import numpy as np
@@ -22,10 +22,11 @@ from pipeline.asr.turn import AsrTurn
 from pipeline.asr.types import Partial
 from pipeline.config import VoxpipeConfig
 from pipeline.engines import Engines
+from pipeline.serving.admission import Admission, Refusal
 from pipeline.session import events as ev
 from pipeline.session.endpointing import AllSpeech
 from pipeline.session.history import ChatHistory
-from pipeline.session.replies import CANCEL_WAIT_S, Replies
+from pipeline.session.replies import CANCEL_WAIT_S, Replies, send_busy
 from pipeline.session.speculation import HeldOutbox, Speculation
 from pipeline.session.turn_state import TurnState
 from pipeline.session.turn_tracker import INLINE_VAD_SAMPLES, RATE, TurnTracker
@@ -45,10 +46,13 @@ class Session:
         cfg: configuration.
         out: the client's outbox.
         session_id: id used in logs.
+        admission: the server's admission policy (None: every turn is admitted).
     """
 
-    def __init__(self, *, engines: Engines, cfg: VoxpipeConfig, out: Outbox, session_id: str) -> None:
+    def __init__(self, *, engines: Engines, cfg: VoxpipeConfig, out: Outbox, session_id: str,
+                 admission: Admission | None = None) -> None:
         self.engines, self.cfg, self.out, self.id = engines, cfg, out, session_id
+        self.admission = admission
         self.started = False
         self.fmt: PcmFormat | None = None
         self.output_rate = 24000
@@ -63,7 +67,8 @@ class Session:
         self._tasks: set[asyncio.Task] = set()
         self.turn_state = TurnState()
         self.replies = Replies(engines=engines, cfg=cfg, out=out, history=self.history,
-                               turn_state=self.turn_state, spawn=self._spawn, session_id=session_id)
+                               turn_state=self.turn_state, spawn=self._spawn, session_id=session_id,
+                               times=admission.times if admission is not None else None)
         self._turn_closed = False  # the client ended the latest turn with input.end
         self._speech_start = 0  # sample where the speech in progress started
         self._spec: Speculation | None = None  # speculative end of the turn in progress
@@ -129,9 +134,15 @@ class Session:
             await self.out.send(ev.TurnEmpty(reason="no_speech"))
 
     async def text_input(self, text: str) -> None:
-        """Handle ``text.input``: a typed user turn."""
+        """Handle ``text.input``: a typed user turn (refused with ``busy`` when admission
+        predicts its reply would miss the SLO; the current reply then goes on)."""
+        key = object()
+        refusal = self._admit(spoken=False, since_end_ms=0.0, key=key)
+        if refusal is not None:
+            await send_busy(self.out, refusal.as_busy())
+            return
         self._drop_speculation()
-        await self.replies.begin(text, t_end=time.perf_counter(), asr_ms=0.0)
+        await self.replies.begin(text, t_end=time.perf_counter(), asr_ms=0.0, on_submit=self._releaser(key))
 
     async def cancel_response(self) -> None:
         """Handle ``response.cancel``: stop the current reply, if any."""
@@ -243,22 +254,80 @@ class Session:
         # a turn the client ended (input.end, push-to-talk) is never continued by later speech
         self._turn_closed = end.reason == "input_end"
         await self.out.send(ev.SpeechStopped(audio_ms=int(end.end * 1000 / RATE), reason=end.reason))
+        spec = self._spec
+        speculated = spec is not None and spec.turn is turn and spec.resp is not None
+        refusal = None
+        if turn is not None and not speculated:  # a running speculation was admitted at the pause
+            refusal = self._admit(spoken=True, since_end_ms=(time.perf_counter() - t_end) * 1000, key=turn)
+        elif turn is not None:
+            self._count_admitted()
+        if turn is not None and refusal is not None:
+            self._refuse_turn(turn)
+            self.turn_state.speech_stopped(turn_submitted=False)
+            await send_busy(self.out, refusal.as_busy())
+            return
         self.turn_state.speech_stopped(turn_submitted=turn is not None)
         if turn is None:
             return
         turn.end_input(drop_tail=self._tracker.tail_after(end.end))
         spec, self._spec = self._spec, None
         if spec is not None and spec.turn is turn:
-            self._turn_task = self._spawn(self._answer_turn(self._confirm(spec)))
+            self._turn_task = self._spawn(self._answer_turn(self._confirm(spec), turn))
         else:
-            self._turn_task = self._spawn(self._answer_turn(self._transcribe_and_reply(turn, t_end)))
+            self._turn_task = self._spawn(self._answer_turn(self._transcribe_and_reply(turn, t_end), turn))
 
-    async def _answer_turn(self, work: Coroutine[Any, Any, None]) -> None:
+    # ---- admission (see pipeline/serving/admission.py) -------------------------------
+
+    def _admit(self, *, spoken: bool, since_end_ms: float, count: bool = True,
+               key: object = None) -> Refusal | None:
+        """Ask admission about a turn that ends now (None: admitted). ``since_end_ms``:
+        time already gone since the end of the user's speech (part of voice-to-voice);
+        ``key``: the admitted turn counts as queued for the LLM until ``_releaser(key)``
+        is called (its request submitted) or it ends without a reply."""
+        if self.admission is None:
+            return None
+        load, now = self.engines.load(self.cfg), time.monotonic()
+        pending = self.admission.pending(now)
+        refusal = self.admission.decide(load, spoken=spoken, end_silence_ms=since_end_ms,
+                                        kv_tokens=self.cfg.llm.max_context_tokens, now=now, key=key, count=count)
+        if count:
+            predicted = self.admission.predict_ms(load, spoken=spoken, end_silence_ms=since_end_ms, pending=pending)
+            metrics.PREDICTED.observe(predicted / 1000)
+            if refusal is None:
+                metrics.ADMISSIONS.labels("admitted", "").inc()
+            else:
+                logger.info("session %s: turn refused (%s): %s", self.id, refusal.reason, refusal.message)
+        return refusal
+
+    def _releaser(self, key: object) -> Callable[[], None] | None:
+        """A callback that ends ``key``'s pending count (None without admission)."""
+        admission = self.admission
+        return None if admission is None else (lambda: admission.release(key))
+
+    def _count_admitted(self) -> None:
+        if self.admission is not None:
+            self.admission.admitted += 1
+            metrics.ADMISSIONS.labels("admitted", "").inc()
+
+    def _refuse_turn(self, turn: AsrTurn) -> None:
+        """Drop a refused turn before any final decode: its streaming ASR stops, and later
+        speech starts a new turn rather than continuing this one."""
+        self._drop_speculation(reopen=False)
+        turn.close()
+        if self._last_asr is turn:
+            self._last_asr, self._last_turn = None, None
+
+    async def _answer_turn(self, work: Coroutine[Any, Any, None], turn: AsrTurn) -> None:
         """Run a submitted turn's transcription and reply start; then, if it is still the
-        latest turn's, tell the turn state its transcript is done (whatever happened)."""
+        latest turn's, tell the turn state its transcript is done (whatever happened).
+        A turn that started no reply no longer counts as pending for admission."""
         try:
             await work
         finally:
+            if self.replies.current is None or not self.replies.current.running:
+                release = self._releaser(turn)
+                if release is not None:
+                    release()
             if asyncio.current_task() is self._turn_task:
                 self.turn_state.transcript_done()
 
@@ -272,14 +341,15 @@ class Session:
         try:
             result = await turn.finish()
         except Busy as exc:
-            await self.error("busy", str(exc))
+            await send_busy(self.out, exc)
             return
         except Exception as exc:
             logger.exception("session %s: ASR failed", self.id)
             await self.error("asr_failed", f"transcription failed: {exc}")
             return
         if await self._final_transcript(turn, result):
-            await self.replies.begin(result.text, t_end=t_end, asr_ms=turn.last_decode_ms)
+            await self.replies.begin(result.text, t_end=t_end, asr_ms=turn.last_decode_ms,
+                                     on_submit=self._releaser(turn))
 
     async def _final_transcript(self, turn: AsrTurn, result: Partial) -> bool:
         """Report the turn's final transcript; False (and ``turn.empty``) if it has no words."""
@@ -303,6 +373,9 @@ class Session:
         turn = self._asr
         if turn is None or self._spec is not None or not self.turn_state.may_speculate:
             return
+        since_end_ms = (time.perf_counter() - t_end) * 1000 + self.cfg.turn.end_silence_ms - self.cfg.turn.early_end_ms
+        if self._admit(spoken=True, since_end_ms=since_end_ms, count=False) is not None:
+            return  # the turn's end will be refused: spend nothing on it now
         spec = Speculation(turn=turn, outbox=HeldOutbox(self.out), t_end=t_end)
         # decode what the final would: the speech and pad_ms after it, not the pause
         spec.task = self._spawn(self._run_speculation(spec, self._tracker.tail_after(speech_end)))

@@ -1,0 +1,1 @@
+"""Serving policies (pure): admission against a latency SLO."""

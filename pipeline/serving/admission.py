@@ -1,0 +1,212 @@
+"""Admission control: refuse a turn at once when its reply would miss the latency SLO.
+
+A pure policy (no I/O, no clock): the session asks :meth:`Admission.decide` at the end of
+a user's speech — before the final transcript, the prompt's tokenization, the LLM prefill
+or any TTS — with a :class:`Load` snapshot of the stages. The prediction adds up what the
+turn will wait for, each term from a moving estimate of a measured service time
+(:class:`ServiceTimes`, fed as turns complete):
+
+    predicted = end_silence                                  (counted in voice-to-voice)
+              + asr_final × (1 + asr_waiting // asr_batch)    (each full batch ahead ≈ one decode)
+              + slot_wait                                     (0 while a batch slot is free)
+              + (prefill_steps + first_phrase_tokens) × llm_step
+              + tts_phrase × (1 + tts_waiting // tts_workers)
+
+    slot_wait = (1 + (llm_waiting − free_slots) // slots) × hold,  when llm_waiting ≥ free_slots
+    hold      = reply_tokens × llm_step                       (how long a request keeps its slot)
+
+``llm_step`` is the engine's measured time per step at its current batch, so a fuller batch
+predicts slower tokens. ``llm_waiting`` also counts the turns admitted but not yet
+submitted to the LLM (their final transcript is still being decoded): without them, a
+burst of turns ending together would all see an empty queue and all be admitted.
+
+A turn whose prediction exceeds ``slo_ms`` gets ``busy`` with reason ``queue`` and
+``retry_after_ms`` ≈ the excess — but only when something is queued ahead of it: a turn
+that finds every queue empty and a free batch slot is always admitted (refusing it could
+not make anyone faster; on a slow machine the SLO is then missed by the machine, not by a
+queue). One that would overflow the LLM's KV budget gets reason ``memory``. This is the
+admission-control remedy of the design article (DESIGN.md §5): refuse early, before work
+is spent, rather than queue into tens of seconds.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from pipeline.config import AdmissionConfig
+from pipeline.worker import Busy, BusyReason
+
+
+@dataclass(slots=True, frozen=True)
+class Load:
+    """The stages' queues when a turn ends.
+
+    Attributes:
+        asr_waiting: ASR requests queued. asr_batch: most decodes run together.
+        llm_waiting: LLM requests waiting for a batch slot. llm_running: requests in the
+            batch. llm_slots: the batch's size.
+        kv_reserved: KV-cache tokens the LLM's requests hold (prompt + max new tokens,
+            each). kv_budget: the LLM's KV budget in tokens.
+        llm_step_ms: the LLM engine's measured time per step now (0: not known yet; the
+            moving estimate in :class:`ServiceTimes` is used instead).
+        tts_waiting: TTS jobs queued. tts_workers: synthesizer threads.
+    """
+
+    asr_waiting: int = 0
+    asr_batch: int = 8
+    llm_waiting: int = 0
+    llm_running: int = 0
+    llm_slots: int = 8
+    kv_reserved: int = 0
+    kv_budget: int = 1 << 30
+    llm_step_ms: float = 0.0
+    tts_waiting: int = 0
+    tts_workers: int = 1
+
+
+@dataclass(slots=True)
+class Ewma:
+    """Exponentially weighted moving average starting from a prior.
+
+    Attributes:
+        value: the current estimate. alpha: weight of a new sample (0..1].
+    """
+
+    value: float
+    alpha: float = 0.2
+
+    def add(self, sample: float) -> None:
+        """Fold in one finite, non-negative sample (others are ignored)."""
+        if math.isfinite(sample) and sample >= 0:
+            self.value += self.alpha * (sample - self.value)
+
+
+@dataclass(slots=True)
+class ServiceTimes:
+    """Moving estimates of the service times the prediction uses (ms unless noted),
+    seeded with the priors of :class:`~pipeline.config.AdmissionConfig`.
+
+    Attributes:
+        asr_final: one final decode. llm_step: one LLM engine step at the current batch.
+        tts_phrase: synthesis of a reply's first phrase. reply_tokens: tokens per reply.
+    """
+
+    asr_final: Ewma
+    llm_step: Ewma
+    tts_phrase: Ewma
+    reply_tokens: Ewma
+
+    @classmethod
+    def from_config(cls, cfg: AdmissionConfig) -> ServiceTimes:
+        return cls(asr_final=Ewma(cfg.prior_asr_ms), llm_step=Ewma(cfg.prior_llm_step_ms),
+                   tts_phrase=Ewma(cfg.prior_tts_ms), reply_tokens=Ewma(cfg.prior_reply_tokens))
+
+
+@dataclass(slots=True, frozen=True)
+class Refusal:
+    """Why a turn is refused: ``reason`` (``queue`` | ``memory``), ``retry_after_ms``,
+    and the ``predicted_ms`` time to first audio that missed the SLO."""
+
+    reason: BusyReason
+    retry_after_ms: int
+    predicted_ms: float
+    message: str
+
+    def as_busy(self) -> Busy:
+        """The refusal as the :class:`~pipeline.worker.Busy` a stage would raise."""
+        return Busy(self.message, reason=self.reason, retry_after_ms=self.retry_after_ms)
+
+
+@dataclass(slots=True)
+class Admission:
+    """The process-wide admission policy (one per server, shared by its sessions).
+
+    Args:
+        cfg: the SLO, the priors and whether admission is on.
+    """
+
+    cfg: AdmissionConfig
+    times: ServiceTimes = field(init=False)
+    admitted: int = 0
+    refused: int = 0
+    _pending: dict[object, float] = field(default_factory=dict)  # admitted turn → expiry (s)
+
+    def __post_init__(self) -> None:
+        self.times = ServiceTimes.from_config(self.cfg)
+
+    def pending(self, now: float) -> int:
+        """Admitted turns not yet submitted to the LLM (expired entries dropped)."""
+        for key in [k for k, exp in self._pending.items() if exp <= now]:
+            del self._pending[key]
+        return len(self._pending)
+
+    def release(self, key: object) -> None:
+        """The admitted turn ``key`` reached the LLM's queue (or ended without a reply):
+        it no longer counts as pending. Idempotent; unknown keys are ignored."""
+        self._pending.pop(key, None)
+
+    def predict_ms(self, load: Load, *, spoken: bool, end_silence_ms: float, pending: int = 0) -> float:
+        """Predicted time from the end of the user's turn to the reply's first audio (ms).
+
+        ``spoken``: a spoken turn (a final decode and the end-of-turn silence count);
+        False for a typed one. ``pending``: admitted turns not yet in the LLM's queue.
+        """
+        t, c = self.times, self.cfg
+        step = load.llm_step_ms or t.llm_step.value
+        ms = 0.0
+        if spoken:
+            ms += end_silence_ms + t.asr_final.value * (1 + load.asr_waiting // max(1, load.asr_batch))
+        free = max(0, load.llm_slots - load.llm_running)
+        waiting = load.llm_waiting + pending
+        if waiting >= free:
+            rounds = 1 + (waiting - free) // max(1, load.llm_slots)
+            ms += rounds * t.reply_tokens.value * step
+        ms += (c.prefill_steps + c.first_phrase_tokens) * step
+        ms += t.tts_phrase.value * (1 + load.tts_waiting // max(1, load.tts_workers))
+        return ms
+
+    def decide(self, load: Load, *, spoken: bool, end_silence_ms: float, kv_tokens: int, now: float,
+               key: object = None, count: bool = True) -> Refusal | None:
+        """Admit (None) or refuse (a :class:`Refusal`) a turn; counts both unless ``count``
+        is False (a look-ahead, e.g. whether to start a speculation). An admitted turn with
+        a ``key`` counts as pending (queued for the LLM) until :meth:`release` or
+        ``pending_ttl_s`` after ``now``.
+
+        Args:
+            load: the stages now.
+            spoken: a spoken turn (False: typed).
+            end_silence_ms: the silence that ended the turn (part of voice-to-voice).
+            kv_tokens: the most KV-cache tokens the turn's LLM request can hold (its
+                prompt budget + max new tokens: known without tokenizing anything).
+            now: a monotonic clock (s), for pending turns' expiry.
+        """
+        refusal = self._refusal(load, spoken, end_silence_ms, kv_tokens, self.pending(now))
+        if count:
+            self.admitted += refusal is None
+            self.refused += refusal is not None
+        if refusal is None and key is not None and count:
+            self._pending[key] = now + self.cfg.pending_ttl_s
+        return refusal
+
+    def _refusal(self, load: Load, spoken: bool, end_silence_ms: float, kv_tokens: int,
+                 pending: int) -> Refusal | None:
+        if not self.cfg.enabled:
+            return None
+        refusal: Refusal | None = None
+        predicted = self.predict_ms(load, spoken=spoken, end_silence_ms=end_silence_ms, pending=pending)
+        queued = (load.asr_waiting > 0 or load.tts_waiting > 0
+                  or load.llm_waiting + pending >= max(0, load.llm_slots - load.llm_running))
+        if load.kv_reserved + kv_tokens > load.kv_budget and load.llm_running > 0:
+            hold = self.times.reply_tokens.value * (load.llm_step_ms or self.times.llm_step.value)
+            refusal = Refusal("memory", _retry(hold), predicted,
+                              f"the LLM's KV budget is full ({load.kv_reserved} of {load.kv_budget} tokens held)")
+        elif predicted > self.cfg.slo_ms and queued:
+            refusal = Refusal("queue", _retry(predicted - self.cfg.slo_ms), predicted,
+                              f"a reply now would take ~{predicted:.0f} ms, over the {self.cfg.slo_ms:.0f} ms SLO")
+        return refusal
+
+
+def _retry(ms: float) -> int:
+    """A retry hint: at least 100 ms, rounded up to 100 ms."""
+    return int(max(100.0, math.ceil(ms / 100.0) * 100.0))

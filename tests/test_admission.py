@@ -1,0 +1,180 @@
+"""Admission against the latency SLO: the pure policy (scripted loads), and a session on
+fakes refusing a turn before any model work is spent on it. No models, no wall clock."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from pipeline.config import AdmissionConfig, TurnConfig, VoxpipeConfig
+from pipeline.serving.admission import Admission, Ewma, Load
+from pipeline.session import events as ev
+from tests.fakes import Delta, FakeAsr, FakeLlm, LlmReply, fake_engines, silence, tone
+from tests.session_harness import Audio, Harness, Start, Text, WaitFor
+
+IDLE = Load()
+
+
+def policy(**cfg) -> Admission:
+    return Admission(AdmissionConfig(**cfg))
+
+
+def test_an_idle_server_admits_a_turn_and_predicts_the_sum_of_its_stages():
+    a = policy(prior_asr_ms=100, prior_llm_step_ms=40, prior_tts_ms=120, first_phrase_tokens=8, prefill_steps=2)
+    assert a.predict_ms(IDLE, spoken=True, end_silence_ms=500) == pytest.approx(500 + 100 + 10 * 40 + 120)
+    assert a.predict_ms(IDLE, spoken=False, end_silence_ms=500) == pytest.approx(10 * 40 + 120)
+    assert a.decide(IDLE, spoken=True, end_silence_ms=500, kv_tokens=1024, now=0.0) is None
+    assert (a.admitted, a.refused) == (1, 0)
+
+
+def test_a_full_batch_with_a_queue_behind_it_is_refused_with_a_retry_hint():
+    a = policy(slo_ms=2000, prior_llm_step_ms=50, prior_reply_tokens=30)
+    full = Load(llm_running=8, llm_slots=8, llm_waiting=8)
+    refusal = a.decide(full, spoken=True, end_silence_ms=500, kv_tokens=1024, now=0.0)
+    assert refusal is not None and refusal.reason == "queue"
+    # two rounds of slot waits (8 ahead + this one, 8 slots) of 30 tokens × 50 ms each
+    assert refusal.predicted_ms >= 2 * 30 * 50
+    assert refusal.retry_after_ms >= refusal.predicted_ms - 2000 and refusal.retry_after_ms % 100 == 0
+    assert (a.admitted, a.refused) == (0, 1)
+
+
+def test_prediction_grows_with_every_queue():
+    a = policy()
+    base = a.predict_ms(IDLE, spoken=True, end_silence_ms=500)
+    for load in (Load(asr_waiting=8), Load(llm_running=8, llm_waiting=0), Load(tts_waiting=1),
+                 Load(llm_step_ms=200.0)):
+        assert a.predict_ms(load, spoken=True, end_silence_ms=500) > base, load
+
+
+def test_a_free_slot_means_no_slot_wait():
+    a = policy()
+    assert a.predict_ms(Load(llm_running=7, llm_waiting=0), spoken=False, end_silence_ms=0) == \
+        a.predict_ms(IDLE, spoken=False, end_silence_ms=0)
+
+
+def test_a_full_kv_budget_refuses_with_reason_memory_but_a_lone_request_always_runs():
+    a = policy()
+    tight = Load(llm_running=2, kv_reserved=3000, kv_budget=4000)
+    refusal = a.decide(tight, spoken=False, end_silence_ms=0, kv_tokens=1024, now=0.0)
+    assert refusal is not None and refusal.reason == "memory"
+    assert a.decide(Load(llm_running=0, kv_reserved=0, kv_budget=100), spoken=False, end_silence_ms=0,
+                    kv_tokens=1024, now=0.0) is None
+
+
+def test_an_idle_but_slow_server_admits_the_turn_anyway():
+    a = policy(slo_ms=2000)
+    slow = Load(llm_step_ms=1000.0)  # every queue empty, a free slot: refusing cannot help anyone
+    assert a.predict_ms(slow, spoken=True, end_silence_ms=500) > 2000
+    assert a.decide(slow, spoken=True, end_silence_ms=500, kv_tokens=1, now=0.0) is None
+
+
+def test_a_burst_of_turns_ending_together_counts_the_ones_admitted_before_it():
+    a = policy(slo_ms=2000, prior_llm_step_ms=50, prior_reply_tokens=30)
+    keys = [object() for _ in range(16)]
+    decisions = [a.decide(IDLE, spoken=False, end_silence_ms=0, kv_tokens=1, now=0.0, key=k) for k in keys]
+    admitted = [k for k, d in zip(keys, decisions, strict=True) if d is None]
+    assert 0 < len(admitted) < 16 and a.pending(0.0) == len(admitted)
+    assert all(d is None for d in decisions[: len(admitted)])  # first come, first admitted
+    for k in admitted:
+        a.release(k)
+    assert a.pending(0.0) == 0
+    assert a.decide(IDLE, spoken=False, end_silence_ms=0, kv_tokens=1, now=0.0) is None
+
+
+def test_a_pending_turn_that_is_never_released_expires():
+    a = policy(pending_ttl_s=10.0)
+    a.decide(IDLE, spoken=False, end_silence_ms=0, kv_tokens=1, now=100.0, key="turn")
+    assert a.pending(105.0) == 1 and a.pending(110.5) == 0
+
+
+def test_disabled_admission_admits_everything():
+    a = policy(enabled=False)
+    assert a.decide(Load(llm_running=8, llm_waiting=100), spoken=True, end_silence_ms=500, kv_tokens=1, now=0.0) is None
+
+
+def test_a_look_ahead_is_not_counted():
+    a = policy()
+    a.decide(IDLE, spoken=True, end_silence_ms=500, kv_tokens=1, now=0.0, count=False)
+    assert (a.admitted, a.refused) == (0, 0)
+
+
+def test_measured_times_replace_the_priors():
+    a = policy(prior_llm_step_ms=50)
+    before = a.predict_ms(IDLE, spoken=False, end_silence_ms=0)
+    for _ in range(50):
+        a.times.llm_step.add(200.0)
+    assert a.predict_ms(IDLE, spoken=False, end_silence_ms=0) > before * 2
+
+
+def test_ewma_ignores_samples_that_are_not_times():
+    e = Ewma(10.0)
+    for bad in (math.nan, math.inf, -1.0):
+        e.add(bad)
+    assert e.value == 10.0
+    e.add(20.0)
+    assert 10.0 < e.value < 20.0
+
+
+# ---- a session on fakes --------------------------------------------------------------
+
+
+def busy_llm() -> FakeLlm:
+    """A fake LLM whose batch is full with a queue behind it (as admission sees it)."""
+    llm = FakeLlm(default=LlmReply.of("Sure."))
+    llm.active, llm.slots, llm.depth = 8, 8, 16
+    return llm
+
+
+async def test_a_refused_spoken_turn_costs_no_final_decode_no_tokenization_and_no_prefill():
+    llm, asr = busy_llm(), FakeAsr()
+    counted: list[int] = []
+    original = llm.count_tokens
+    llm.count_tokens = lambda messages: counted.append(1) or original(messages)  # type: ignore[method-assign]
+    cfg = VoxpipeConfig()
+    cfg.turn = TurnConfig(early_end_ms=200)
+    h = Harness(engines=fake_engines(llm=llm, asr=asr), cfg=cfg, admission=Admission(cfg.admission))
+    try:
+        seen = await h.play([Start(), Audio(tone(1500)), Audio(silence(1000)), WaitFor(ev.Busy)])
+        busy = [e for e in seen if isinstance(e, ev.Busy)]
+        assert busy[0].reason == "queue" and busy[0].retry_after_ms > 0
+        kinds = [type(e) for e in seen]
+        assert kinds.index(ev.SpeechStopped) < kinds.index(ev.Busy)
+        assert ev.TranscriptFinal not in kinds and ev.ResponseStarted not in kinds
+        assert not [r for r in asr.requests if getattr(r, "final", False)]  # no final decode
+        assert llm.requests == [] and counted == []  # no prefill, no tokenization
+        assert h.admission is not None and (h.admission.admitted, h.admission.refused) == (0, 1)
+        # the load passes: the next turn is answered, in the same session
+        llm.active = llm.depth = 0
+        await h.play([Audio(tone(1500)), Audio(silence(1000)), WaitFor(ev.ResponseDone)])
+        assert h.admission.admitted == 1
+    finally:
+        await h.close()
+
+
+async def test_a_refused_typed_turn_leaves_the_current_reply_playing():
+    llm = FakeLlm(default=LlmReply.of("Sure."))
+    cfg = VoxpipeConfig()
+    admission = Admission(cfg.admission)
+    h = Harness(engines=fake_engines(llm=llm), cfg=cfg, admission=admission)
+    try:
+        await h.play([Start(), Text("first"), WaitFor(ev.ResponseStarted)])
+        llm.active, llm.depth = 8, 16  # the batch fills up behind the first reply
+        await h.play([Text("second"), WaitFor(ev.Busy), WaitFor(ev.ResponseDone)])
+        assert len(llm.requests) == 1
+        assert not [e for e in h.out.seen if isinstance(e, ev.ResponseCancelled)]
+    finally:
+        await h.close()
+
+
+async def test_every_started_response_ends_even_when_the_reply_fails():
+    llm = FakeLlm([LlmReply([Delta("Half a")], error=RuntimeError("model fell over"))])
+    h = Harness(engines=fake_engines(llm=llm))
+    try:
+        await h.play([Start(), Text("hi"), WaitFor(ev.ResponseCancelled)])
+        cancelled = [e for e in h.out.seen if isinstance(e, ev.ResponseCancelled)]
+        assert cancelled[0].reason == "error"
+        codes = [e.code for e in h.out.seen if isinstance(e, ev.Error)]
+        assert codes == ["reply_failed"]
+    finally:
+        await h.close()
