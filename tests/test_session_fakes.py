@@ -4,12 +4,14 @@ assertion depends on wall-clock speed."""
 
 from __future__ import annotations
 
+import pytest
+
 from pipeline.config import TurnConfig, VoxpipeConfig
 from pipeline.session import events as ev
 from pipeline.session.responder import EMPTY_REPLY
 from pipeline.session.turn_state import Phase
 from pipeline.worker import Busy
-from tests.fakes import FakeLlm, FakeTts, LlmReply, fake_engines, noise, silence, tone
+from tests.fakes import FakeAsr, FakeLlm, FakeTts, LlmReply, fake_engines, noise, silence, tone
 from tests.session_harness import (
     Audio,
     AudioOut,
@@ -127,7 +129,8 @@ async def test_speculation_promoted_when_the_pause_ends_the_turn():
 
 
 async def test_speech_resuming_within_merge_window_continues_the_turn():
-    llm = FakeLlm([LlmReply.of("First half reply.", delay_s=0.3), LlmReply.of("Whole reply.")])
+    # the first reply cannot end on its own (30 s): only the continuation may stop it, however slow the machine
+    llm = FakeLlm([LlmReply.of("First half reply.", delay_s=30.0), LlmReply.of("Whole reply.")])
     # no speculation: the first half's reply starts at the end of the turn
     seen = await run_session([Start(), Audio(tone(800)), Audio(silence(600)), WaitFor(ev.ResponseStarted),
                               Audio(tone(800)), Audio(silence(600)), WaitFor(ev.ResponseDone)],
@@ -213,3 +216,23 @@ async def test_input_end_while_a_reply_runs_is_not_an_empty_turn():
     seen = await run_session([Start(), Text("hello"), WaitFor(ev.ResponseStarted), InputEnd(),
                               WaitFor(ev.ResponseDone)], engines=fake_engines(llm=llm))
     assert not of(seen, ev.TurnEmpty)
+
+
+@pytest.mark.parametrize("asr_delay_s", [0.05, 0.3, 0.7])
+async def test_speech_that_stops_and_resumes_around_every_threshold_never_breaks_the_transcript(asr_delay_s):
+    """Pauses just under and over early_end_ms, end_silence_ms and the merge window, with a
+    slow ASR, so that finals, speculations, partial updates and continuations overlap: no
+    turn may fail (``asr_failed``/``reply_failed``) and the session must end every turn."""
+    asr = FakeAsr(delay_s=asr_delay_s)
+    pattern = [tone(700), silence(230), tone(600), silence(520), tone(500), silence(900), tone(650),
+               silence(180), tone(400), silence(1500), tone(900), silence(700)]
+    script = [Start()] + [Audio(chunk, pace=1.0) for chunk in pattern] + [WaitFor(ev.ResponseDone)]
+    h = Harness(engines=fake_engines(asr=asr))
+    try:
+        await h.play(script)
+        await h.play([Audio(silence(2500))])  # let every pending decode and reply settle
+        errors = [(e.code, e.message) for e in of(h.out.seen, ev.Error)]
+        assert errors == []
+        assert of(h.out.seen, ev.TranscriptFinal)
+    finally:
+        await h.close()

@@ -44,6 +44,7 @@ class AsrTurn:
         self.decode_ms = 0.0  # model time of this turn's decodes (ms; a batch's time counts whole)
         self.last_decode_ms = 0.0
         self._task: asyncio.Task | None = None
+        self._lock = asyncio.Lock()  # one decode in flight (see _decode)
 
     def feed(self, samples: np.ndarray) -> None:
         """Add 16 kHz float32 samples; starts an update when one is due."""
@@ -70,6 +71,13 @@ class AsrTurn:
         self._kick()  # audio is left over (it came faster than it was decoded): go on
 
     async def _decode(self, *, final: bool) -> Partial:
+        # One request in flight per stream: a cancelled decode (the turn went on, or ended)
+        # may still be unwinding when the next one starts; the lock makes the next wait
+        # until the stream has forgotten the cancelled request.
+        async with self._lock:
+            return await self._decode_locked(final=final)
+
+    async def _decode_locked(self, *, final: bool) -> Partial:
         req = self.stream.request(final=final)
         try:
             result = await self.engine.run(req)
@@ -129,15 +137,21 @@ class AsrTurn:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
-        if not self.stream.fits_final():
-            raise ValueError("buffer longer than one window")
-        req = self.stream.peek_request(drop_tail=drop_tail)
-        result = await self.engine.run(req)
+        async with self._lock:
+            if not self.stream.fits_final():
+                raise ValueError("buffer longer than one window")
+            req = self.stream.peek_request(drop_tail=drop_tail)
+            result = await self.engine.run(req)
         logger.debug("asr peek: %.1f s buffer, prefix %r, %.0f ms, %r", len(req.audio) / 16000, req.prefix,
                      result.decode_ms, result.text)
         self.last_decode_ms = result.decode_ms
         self.decode_ms += result.decode_ms
         return self.stream.preview(result), req, result
+
+    @property
+    def decoding(self) -> bool:
+        """A decode is in flight (or unwinding): :meth:`commit_final` must not be used."""
+        return self._lock.locked() or self.stream.in_flight
 
     def commit_final(self, req, result) -> Partial:
         """The turn ended right where :meth:`peek_final` decoded it: its result is final."""

@@ -72,6 +72,7 @@ class Session:
         self._turn_closed = False  # the client ended the latest turn with input.end
         self._speech_start = 0  # sample where the speech in progress started
         self._spec: Speculation | None = None  # speculative end of the turn in progress
+        self._confirming: Speculation | None = None  # ... handed to the latest turn's task at its end
 
     # ---- client events -------------------------------------------------------------
 
@@ -223,6 +224,9 @@ class Session:
         if turn is not None and self._continues_last_turn(start):
             if self._turn_task is not None:
                 self._turn_task.cancel()
+            spec, self._confirming = self._confirming, None
+            if spec is not None and spec.resp is not self.replies.current:
+                spec.drop()  # its confirmation may be cancelled before it ran: nothing else stops it
             await self.replies.cancel("continued")
             turn.reopen()
         else:
@@ -272,9 +276,10 @@ class Session:
         turn.end_input(drop_tail=self._tracker.tail_after(end.end))
         spec, self._spec = self._spec, None
         if spec is not None and spec.turn is turn:
-            self._turn_task = self._spawn(self._answer_turn(self._confirm(spec), turn))
+            self._confirming = spec
+            self._turn_task = self._spawn(self._answer_turn(lambda: self._confirm(spec), turn))
         else:
-            self._turn_task = self._spawn(self._answer_turn(self._transcribe_and_reply(turn, t_end), turn))
+            self._turn_task = self._spawn(self._answer_turn(lambda: self._transcribe_and_reply(turn, t_end), turn))
 
     # ---- admission (see pipeline/serving/admission.py) -------------------------------
 
@@ -317,12 +322,13 @@ class Session:
         if self._last_asr is turn:
             self._last_asr, self._last_turn = None, None
 
-    async def _answer_turn(self, work: Coroutine[Any, Any, None], turn: AsrTurn) -> None:
-        """Run a submitted turn's transcription and reply start; then, if it is still the
-        latest turn's, tell the turn state its transcript is done (whatever happened).
-        A turn that started no reply no longer counts as pending for admission."""
+    async def _answer_turn(self, work: Callable[[], Coroutine[Any, Any, None]], turn: AsrTurn) -> None:
+        """Run a submitted turn's transcription and reply start (``work()``, created here
+        so that a task cancelled before it starts leaves no coroutine behind); then, if it
+        is still the latest turn's, tell the turn state its transcript is done (whatever
+        happened). A turn that started no reply no longer counts as pending for admission."""
         try:
-            await work
+            await work()
         finally:
             if self.replies.current is None or not self.replies.current.running:
                 release = self._releaser(turn)
@@ -410,7 +416,7 @@ class Session:
         try:
             if spec.task is not None:
                 await asyncio.gather(spec.task, return_exceptions=True)
-            if spec.peek is None:
+            if spec.peek is None or spec.turn.decoding:  # no peek, or the buffer moved on since
                 metrics.SPECULATIONS.labels("failed").inc()
                 await self._transcribe_and_reply(spec.turn, spec.t_end)
                 return
