@@ -22,9 +22,10 @@ from pipeline.asr.turn import AsrTurn
 from pipeline.asr.types import Partial
 from pipeline.config import VoxpipeConfig
 from pipeline.engines import Engines
-from pipeline.serving.admission import Admission, Refusal
+from pipeline.serving.admission import Admission
 from pipeline.session import events as ev
 from pipeline.session.endpointing import AllSpeech
+from pipeline.session.gate import TurnGate
 from pipeline.session.history import ChatHistory
 from pipeline.session.replies import CANCEL_WAIT_S, Replies, send_busy
 from pipeline.session.speculation import HeldOutbox, Speculation
@@ -52,7 +53,7 @@ class Session:
     def __init__(self, *, engines: Engines, cfg: VoxpipeConfig, out: Outbox, session_id: str,
                  admission: Admission | None = None) -> None:
         self.engines, self.cfg, self.out, self.id = engines, cfg, out, session_id
-        self.admission = admission
+        self.gate = TurnGate(admission, engines, cfg, session_id)
         self.started = False
         self.fmt: PcmFormat | None = None
         self.output_rate = 24000
@@ -68,7 +69,7 @@ class Session:
         self.turn_state = TurnState()
         self.replies = Replies(engines=engines, cfg=cfg, out=out, history=self.history,
                                turn_state=self.turn_state, spawn=self._spawn, session_id=session_id,
-                               times=admission.times if admission is not None else None)
+                               times=self.gate.times)
         self._turn_closed = False  # the client ended the latest turn with input.end
         self._speech_start = 0  # sample where the speech in progress started
         self._spec: Speculation | None = None  # speculative end of the turn in progress
@@ -138,12 +139,12 @@ class Session:
         """Handle ``text.input``: a typed user turn (refused with ``busy`` when admission
         predicts its reply would miss the SLO; the current reply then goes on)."""
         key = object()
-        refusal = self._admit(spoken=False, since_end_ms=0.0, key=key)
+        refusal = self.gate.check(spoken=False, since_end_ms=0.0, key=key)
         if refusal is not None:
             await send_busy(self.out, refusal.as_busy())
             return
         self._drop_speculation()
-        await self.replies.begin(text, t_end=time.perf_counter(), asr_ms=0.0, on_submit=self._releaser(key))
+        await self.replies.begin(text, t_end=time.perf_counter(), asr_ms=0.0, on_submit=self.gate.releaser(key))
 
     async def cancel_response(self) -> None:
         """Handle ``response.cancel``: stop the current reply, if any."""
@@ -262,9 +263,9 @@ class Session:
         speculated = spec is not None and spec.turn is turn and spec.resp is not None
         refusal = None
         if turn is not None and not speculated:  # a running speculation was admitted at the pause
-            refusal = self._admit(spoken=True, since_end_ms=(time.perf_counter() - t_end) * 1000, key=turn)
+            refusal = self.gate.check(spoken=True, since_end_ms=(time.perf_counter() - t_end) * 1000, key=turn)
         elif turn is not None:
-            self._count_admitted()
+            self.gate.admitted_earlier()
         if turn is not None and refusal is not None:
             self._refuse_turn(turn)
             self.turn_state.speech_stopped(turn_submitted=False)
@@ -281,38 +282,7 @@ class Session:
         else:
             self._turn_task = self._spawn(self._answer_turn(lambda: self._transcribe_and_reply(turn, t_end), turn))
 
-    # ---- admission (see pipeline/serving/admission.py) -------------------------------
-
-    def _admit(self, *, spoken: bool, since_end_ms: float, count: bool = True,
-               key: object = None) -> Refusal | None:
-        """Ask admission about a turn that ends now (None: admitted). ``since_end_ms``:
-        time already gone since the end of the user's speech (part of voice-to-voice);
-        ``key``: the admitted turn counts as queued for the LLM until ``_releaser(key)``
-        is called (its request submitted) or it ends without a reply."""
-        if self.admission is None:
-            return None
-        load, now = self.engines.load(self.cfg), time.monotonic()
-        pending = self.admission.pending(now)
-        refusal = self.admission.decide(load, spoken=spoken, end_silence_ms=since_end_ms,
-                                        kv_tokens=self.cfg.llm.max_context_tokens, now=now, key=key, count=count)
-        if count:
-            predicted = self.admission.predict_ms(load, spoken=spoken, end_silence_ms=since_end_ms, pending=pending)
-            metrics.PREDICTED.observe(predicted / 1000)
-            if refusal is None:
-                metrics.ADMISSIONS.labels("admitted", "").inc()
-            else:
-                logger.info("session %s: turn refused (%s): %s", self.id, refusal.reason, refusal.message)
-        return refusal
-
-    def _releaser(self, key: object) -> Callable[[], None] | None:
-        """A callback that ends ``key``'s pending count (None without admission)."""
-        admission = self.admission
-        return None if admission is None else (lambda: admission.release(key))
-
-    def _count_admitted(self) -> None:
-        if self.admission is not None:
-            self.admission.admitted += 1
-            metrics.ADMISSIONS.labels("admitted", "").inc()
+    # ---- admission (see pipeline/session/gate.py) ------------------------------------
 
     def _refuse_turn(self, turn: AsrTurn) -> None:
         """Drop a refused turn before any final decode: its streaming ASR stops, and later
@@ -331,9 +301,7 @@ class Session:
             await work()
         finally:
             if self.replies.current is None or not self.replies.current.running:
-                release = self._releaser(turn)
-                if release is not None:
-                    release()
+                self.gate.release(turn)
             if asyncio.current_task() is self._turn_task:
                 self.turn_state.transcript_done()
 
@@ -355,7 +323,7 @@ class Session:
             return
         if await self._final_transcript(turn, result):
             await self.replies.begin(result.text, t_end=t_end, asr_ms=turn.last_decode_ms,
-                                     on_submit=self._releaser(turn))
+                                     on_submit=self.gate.releaser(turn))
 
     async def _final_transcript(self, turn: AsrTurn, result: Partial) -> bool:
         """Report the turn's final transcript; False (and ``turn.empty``) if it has no words."""
@@ -380,7 +348,7 @@ class Session:
         if turn is None or self._spec is not None or not self.turn_state.may_speculate:
             return
         since_end_ms = (time.perf_counter() - t_end) * 1000 + self.cfg.turn.end_silence_ms - self.cfg.turn.early_end_ms
-        if self._admit(spoken=True, since_end_ms=since_end_ms, count=False) is not None:
+        if self.gate.check(spoken=True, since_end_ms=since_end_ms, count=False) is not None:
             return  # the turn's end will be refused: spend nothing on it now
         spec = Speculation(turn=turn, outbox=HeldOutbox(self.out), t_end=t_end)
         # decode what the final would: the speech and pad_ms after it, not the pause

@@ -1,0 +1,79 @@
+"""A session's side of admission: ask the server's :class:`~pipeline.serving.admission.Admission`
+about each turn as it ends, count the decision, and release an admitted turn once its LLM
+request is queued (until then it counts as waiting, so that a burst of turns ending
+together does not all see an empty queue)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from pipeline import metrics
+from pipeline.config import VoxpipeConfig
+from pipeline.engines import Engines
+from pipeline.serving.admission import Admission, Refusal, ServiceTimes
+
+logger = logging.getLogger(__name__)
+
+
+class TurnGate:
+    """Admission for one session's turns.
+
+    Args:
+        admission: the server's policy, shared by its sessions (None: admit everything).
+        engines: read for the stages' queues (:meth:`~pipeline.engines.Engines.load`).
+        cfg: the configuration (the LLM's prompt budget bounds a request's KV tokens).
+        session_id: for logs.
+    """
+
+    def __init__(self, admission: Admission | None, engines: Engines, cfg: VoxpipeConfig, session_id: str) -> None:
+        self.admission, self.engines, self.cfg, self.id = admission, engines, cfg, session_id
+
+    @property
+    def times(self) -> ServiceTimes | None:
+        """The measured service times replies feed (None without admission)."""
+        return self.admission.times if self.admission is not None else None
+
+    def check(self, *, spoken: bool, since_end_ms: float, key: object = None, count: bool = True) -> Refusal | None:
+        """Admit (None) or refuse a turn that ends now.
+
+        Args:
+            spoken: a spoken turn (False: typed).
+            since_end_ms: time already gone since the end of the user's speech (ms; it is
+                part of voice-to-voice).
+            key: the admitted turn counts as queued for the LLM until :meth:`releaser`'s
+                callback for it runs (its request was submitted) or it expires.
+            count: False for a look-ahead that decides nothing (whether to speculate).
+        """
+        admission = self.admission
+        if admission is None:
+            return None
+        load, now = self.engines.load(self.cfg), time.monotonic()
+        pending = admission.pending(now)
+        refusal = admission.decide(load, spoken=spoken, end_silence_ms=since_end_ms,
+                                   kv_tokens=self.cfg.llm.max_context_tokens, now=now, key=key, count=count)
+        if count:
+            predicted = admission.predict_ms(load, spoken=spoken, end_silence_ms=since_end_ms, pending=pending)
+            metrics.PREDICTED.observe(predicted / 1000)
+            if refusal is None:
+                metrics.ADMISSIONS.labels("admitted", "").inc()
+            else:
+                logger.info("session %s: turn refused (%s): %s", self.id, refusal.reason, refusal.message)
+        return refusal
+
+    def admitted_earlier(self) -> None:
+        """Count a turn admitted by an earlier look-ahead (a speculation already running)."""
+        if self.admission is not None:
+            self.admission.admitted += 1
+            metrics.ADMISSIONS.labels("admitted", "").inc()
+
+    def releaser(self, key: object) -> Callable[[], None] | None:
+        """A callback that ends ``key``'s pending count (None without admission)."""
+        admission = self.admission
+        return None if admission is None else (lambda: admission.release(key))
+
+    def release(self, key: object) -> None:
+        """End ``key``'s pending count now (idempotent)."""
+        if self.admission is not None:
+            self.admission.release(key)
