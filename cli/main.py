@@ -32,6 +32,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--max-new-tokens", type=int, default=96)
     s.add_argument("--max-batch-size", type=int, default=8, help="LLM requests decoding together")
     s.add_argument("--max-wait-ms", type=float, default=20.0, help="how long a lone LLM request waits for company")
+    s.add_argument("--memory-budget", type=float, default=0.0, metavar="MB",
+                   help="the LLM's memory budget in MiB (weights + KV cache + activations); it caps the KV "
+                        "token budget. 0: auto (CUDA: 0.9 x free device memory; CPU: 0.5 x available RAM)")
     s.add_argument("--end-silence-ms", type=int, default=500, help="silence that ends a turn")
     s.add_argument("--early-end-ms", type=int, default=200,
                    help="silence after which the reply starts speculatively, held until the turn ends (0: off)")
@@ -65,6 +68,9 @@ def _parser() -> argparse.ArgumentParser:
     from bench.asr import add_arguments as asr_bench_arguments
 
     asr_bench_arguments(bsub.add_parser("asr", help="streaming ASR: 1-8 sessions on one engine, batching"))
+    from bench.load import add_arguments as load_bench_arguments
+
+    load_bench_arguments(bsub.add_parser("load", help="turn floods at 0.5-3x the sustainable rate: SLO, goodput, busy"))
     bv = bsub.add_parser("voice", help="per-response voice latencies through a real server")
     bv.add_argument("--llm", default="smollm2")
     bv.add_argument("--sessions", type=int, nargs="+", default=[1, 4])
@@ -95,6 +101,10 @@ def main(argv: list[str] | None = None) -> int:
             from bench.asr import main as bench_asr
 
             return bench_asr(args)
+        if args.bench == "load":
+            from bench.load import main as bench_load
+
+            return bench_load(args)
         if args.bench == "voice":
             from bench.voice import main as bench_voice
 
@@ -137,7 +147,7 @@ def _serve(args) -> int:
         turn=TurnConfig(end_silence_ms=args.end_silence_ms, early_end_ms=args.early_end_ms),
         asr=AsrConfig(model=args.asr_model, max_batch_size=args.asr_batch_size),
         llm=LlmConfig(model=args.llm, device=args.device, threads=args.llm_threads,
-                      max_new_tokens=args.max_new_tokens),
+                      max_new_tokens=args.max_new_tokens, memory_budget_mb=args.memory_budget),
         llm_batch=SchedulerConfig(max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms),
         tts=TtsConfig(voice=args.voice, threads=args.tts_threads),
         admission=AdmissionConfig(enabled=not args.no_admission, slo_ms=args.slo_ms),

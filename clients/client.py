@@ -144,6 +144,7 @@ async def _receive(ws, res: AskResult, marks: dict, on_partial: Callable[[dict],
             if "input_end" in marks:
                 return
         elif kind == "busy":
+            marks.setdefault("busy", now)
             res.busy = {k: ev.get(k) for k in ("reason", "retry_after_ms", "message")}
             if "input_end" in marks:
                 return
@@ -167,6 +168,8 @@ def _timings(res: AskResult, marks: dict, fast: bool) -> None:
 
     res.timings_ms.update(asr_final=since_end("asr_final"), llm_ttft=server.get("llm_ttft"),
                           first_audio=server.get("first_audio"), voice_to_voice=since_end("first_audio"))
+    if "busy" in marks:  # end of speech → the busy event, at the client
+        res.timings_ms["busy"] = since_end("busy")
 
 
 def save_reply(res: AskResult, path: str) -> None:

@@ -107,6 +107,12 @@ class LlmConfig:
         max_context_tokens: history budget counted with the model's tokenizer (1024).
         system_prompt: default system prompt; a session may replace it.
         queue_size: bounded request queue; a full queue answers ``busy``.
+        memory_budget_mb: the LLM's memory budget in MiB — weights + KV cache + one
+            step's activations (``--memory-budget``); 0 = auto: on CUDA the weights + 0.9 ×
+            the free device memory, on CPU the weights + 0.5 × the available RAM, both
+            measured after the weights loaded. The engine's KV token budget is
+            ``min(max_kv_tokens, (budget − weights − activations) // KV bytes per token)``
+            (:mod:`pipeline.llm.memory`), never under one full request.
     """
 
     model: str = "qwen"
@@ -119,6 +125,7 @@ class LlmConfig:
         "Reply to what they say in one or two short spoken sentences."
     )
     queue_size: int = 64
+    memory_budget_mb: float = 0.0
 
 
 @dataclass(slots=True, kw_only=True)
@@ -133,6 +140,13 @@ class SchedulerConfig:
             requests (512); longer prompts are prefilled in chunks over several steps,
             so a long or bursty prefill delays the running requests' next token by at
             most about one such chunk.
+        max_prefill_tokens_decoding: the step's prefill budget while any request is
+            decoding (256; 0 = ``max_prefill_tokens``). Every decoding reply's next token
+            waits for the step's prefill, so while others stream, long prompts advance in
+            smaller chunks: four 8000-character prompts no longer slow a fifth session's
+            reply to a few tokens a second (Sarathi-Serve's stall-free batching, Agrawal
+            et al., OSDI 2024). A voice turn's prompt (≤ 256 new tokens past the cached
+            system prompt) still fits in one step.
         max_prefill_attention: a chunk's tokens × the prompt tokens they attend to
             (512 × 1536): late chunks of a long prompt attend to everything before them,
             so they are cut shorter (at 6000 tokens in: ~120 tokens). A 512-token chunk
@@ -147,6 +161,7 @@ class SchedulerConfig:
     max_batch_size: int = 8
     max_wait_ms: float = 20.0
     max_prefill_tokens: int = 512
+    max_prefill_tokens_decoding: int = 256
     max_prefill_attention: int = 512 * 1536
     max_kv_tokens: int = 16384
     static: bool = False
@@ -265,6 +280,8 @@ class VoxpipeConfig:
                 raise ValueError(f"{name} must be >= 1")
         if self.llm.max_new_tokens < 1 or self.llm.max_context_tokens < 64:
             raise ValueError("llm: max_new_tokens >= 1 and max_context_tokens >= 64")
+        if not self.llm.memory_budget_mb >= 0:  # also refuses NaN
+            raise ValueError("llm.memory_budget_mb must be >= 0 (0: auto)")
         b = self.llm_batch
         if b.max_batch_size < 1 or b.max_wait_ms < 0 or b.max_prefill_tokens < 16:
             raise ValueError("llm_batch: max_batch_size >= 1, max_wait_ms >= 0, max_prefill_tokens >= 16")

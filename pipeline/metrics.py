@@ -36,6 +36,15 @@ LLM_BATCH = Histogram("voxpipe_llm_batch_size", "requests per LLM decode step",
                       buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32), registry=REGISTRY)
 QUEUE_DEPTH = Gauge("voxpipe_queue_depth", "requests waiting per stage", ["stage"], registry=REGISTRY)
 RSS_BYTES = Gauge("voxpipe_process_rss_bytes", "resident memory of the server process", registry=REGISTRY)
+LLM_MEMORY_BUDGET = Gauge("voxpipe_llm_memory_budget_bytes",
+                          "the LLM's memory budget: weights + KV cache + one step's activations "
+                          "(--memory-budget, or derived from free memory at load)", registry=REGISTRY)
+LLM_KV_RESERVED = Gauge("voxpipe_llm_kv_reserved_bytes",
+                        "KV-cache bytes the LLM batch's requests may hold: (prompt + max new tokens) "
+                        "x KV bytes per token, summed", registry=REGISTRY)
+LLM_KV_PER_TOKEN = Gauge("voxpipe_llm_kv_bytes_per_token",
+                         "KV-cache bytes per token: 2 x layers x kv_heads x head_dim x bytes per element",
+                         registry=REGISTRY)
 
 
 def render(engines=None) -> bytes:
@@ -44,5 +53,10 @@ def render(engines=None) -> bytes:
         for stage, depth in engines.queue_depths().items():
             QUEUE_DEPTH.labels(stage).set(depth)
         LLM_RUNNING.set(engines.llm.active)
+        per_token = getattr(engines.llm, "kv_bytes_per_token", None)  # stages without the estimate skip these
+        if per_token is not None:
+            LLM_KV_PER_TOKEN.set(per_token)
+            LLM_KV_RESERVED.set(engines.llm.kv_reserved * per_token)
+            LLM_MEMORY_BUDGET.set(engines.llm.memory_budget_bytes)
     RSS_BYTES.set(psutil.Process().memory_info().rss)  # current, not peak (ru_maxrss)
     return generate_latest(REGISTRY)

@@ -237,6 +237,25 @@ def test_chunked_prefill_and_shared_prefix_are_token_identical(tiny_model, mixed
         assert together[rid] == run(tiny_model, [(0, spec[1], spec[2])])[0], f"request {rid} differs"
 
 
+def test_while_others_decode_a_step_prefills_at_most_the_decoding_budget():
+    s = Scheduler(SchedulerConfig(max_batch_size=4, max_wait_ms=0, max_prefill_tokens=64,
+                                  max_prefill_tokens_decoding=16))
+    s.add(req(1, n_prompt=100, max_new=5))
+    p = s.schedule(now=1)
+    assert p.spans == {1: (0, 64)}  # nobody decodes yet: the whole budget
+    s.update(p, {})
+    s.add(req(2, n_prompt=4, max_new=50))
+    p = s.schedule(now=2)
+    assert p.spans == {2: (0, 4), 1: (64, 100)}  # still nobody decoding
+    s.update(p, {1: 7, 2: 7})
+    s.add(req(3, n_prompt=40, max_new=5))
+    p = s.schedule(now=3)
+    assert {r.rid for r in p.decode} == {1, 2} and p.spans == {3: (0, 16)}  # decoders running: 16 at most
+    s.cfg.max_prefill_tokens_decoding = 0  # 0: the one budget for every step
+    s.update(p, {1: 7, 2: 7})
+    assert s.schedule(now=4).spans == {3: (16, 40)}
+
+
 def test_prefill_budget_goes_to_the_shortest_remaining_prompt_first():
     s = Scheduler(SchedulerConfig(max_batch_size=4, max_wait_ms=0, max_prefill_tokens=10))
     s.add(req(1, n_prompt=30, arrival=0))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import dataclasses
 import logging
 import math
 import queue
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from pipeline import metrics
 from pipeline.config import LlmConfig, SchedulerConfig
+from pipeline.llm import memory
 from pipeline.llm.detok import IncrementalDetokenizer, StopStrings
 from pipeline.llm.runner.runner import ModelRunner
 from pipeline.llm.scheduler import Scheduler
@@ -45,6 +47,13 @@ class LlmEngine:
     for each stream. An aborted stream leaves the batch at the next step and its KV rows
     are freed.
 
+    The KV-cache token budget comes from a memory budget at load (:mod:`pipeline.llm.memory`,
+    ``LlmConfig.memory_budget_mb``): ``min(sched.max_kv_tokens, (budget − weights −
+    activations of one full step) // kv_bytes_per_token)``, never under one full request
+    (``max_context_tokens + max_new_tokens``); logged once. A request that would overflow it
+    waits for the batch to drain (the scheduler), and admission refuses new turns with
+    ``busy`` reason ``memory`` meanwhile (:attr:`kv_budget`).
+
     Attributes:
         steps: model steps run so far.
         batch_sizes: per step, the requests in it (benchmark, tests; the first 100,000).
@@ -60,11 +69,13 @@ class LlmEngine:
         self.llm = llm
         self.cfg = cfg
         self.tokenizer = llm.tokenizer
-        self.scheduler = Scheduler(sched or SchedulerConfig())
         pad = self.tokenizer.pad_token_id
         eos = llm.model.generation_config.eos_token_id
         self.eos_ids = frozenset((eos if isinstance(eos, list) else [eos]) + [self.tokenizer.eos_token_id]) - {None}
         self.runner = ModelRunner(llm.model, llm.device, pad if pad is not None else min(self.eos_ids))
+        sched = sched or SchedulerConfig()
+        self.memory = _memory_plan(self.runner, llm.model.config, cfg, sched)
+        self.scheduler = Scheduler(dataclasses.replace(sched, max_kv_tokens=self.memory.kv_tokens))
         self._inbox: queue.Queue[tuple[GenRequest, TokenStream]] = queue.Queue(maxsize=cfg.queue_size)
         self._wake = threading.Event()
         self._stop = False
@@ -100,8 +111,34 @@ class LlmEngine:
 
     @property
     def kv_budget(self) -> int:
-        """The KV-cache budget in tokens (``max_kv_tokens``)."""
+        """The KV-cache budget in tokens: the configured ``max_kv_tokens``, lowered to what
+        the memory budget holds (:class:`MemoryPlan`)."""
         return self.scheduler.cfg.max_kv_tokens
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """KV-cache bytes per token over all layers (:func:`pipeline.llm.memory.kv_bytes_per_token`)."""
+        return self.memory.per_token
+
+    @property
+    def memory_budget_bytes(self) -> int:
+        """The LLM's memory budget (bytes): weights + KV cache + one step's activations."""
+        return self.memory.budget
+
+    @property
+    def kv_reserved_bytes(self) -> int:
+        """KV bytes the batch's requests may hold: :attr:`kv_reserved` × :attr:`kv_bytes_per_token`."""
+        return self.kv_reserved * self.memory.per_token
+
+    def request_bytes(self, prompt_tokens: int, max_new_tokens: int) -> int:
+        """KV bytes a request may hold: (prompt + max new tokens) × :attr:`kv_bytes_per_token`.
+
+        Raises:
+            ValueError: a negative token count.
+        """
+        if prompt_tokens < 0 or max_new_tokens < 0:
+            raise ValueError("prompt_tokens and max_new_tokens must be >= 0")
+        return (prompt_tokens + max_new_tokens) * self.memory.per_token
 
     def start(self) -> None:
         """Start the engine thread (idempotent)."""
@@ -350,6 +387,63 @@ class LlmEngine:
         for rid in list(self._live):
             self.scheduler.abort(rid)
             self._close(rid, FinishReason.ABORT)
+
+
+@dataclass(slots=True, frozen=True)
+class MemoryPlan:
+    """The engine's memory arithmetic at load (bytes unless noted; :mod:`pipeline.llm.memory`).
+
+    Attributes:
+        budget: weights + KV + activations allowed. source: where it came from.
+        weights: the model's weights. activations: one full step's estimated peak
+            (``max_prefill_tokens + max_batch_size`` new tokens).
+        per_token: KV bytes per token. fit: KV tokens the budget holds after weights and
+            activations. configured: ``SchedulerConfig.max_kv_tokens``. floor: one full
+            request (``max_context_tokens + max_new_tokens``). kv_tokens: the KV token
+            budget in force: ``min(configured, max(fit, floor))``.
+    """
+
+    budget: int
+    source: str
+    weights: int
+    activations: int
+    per_token: int
+    fit: int
+    configured: int
+    floor: int
+    kv_tokens: int
+
+
+def _memory_plan(runner: ModelRunner, config, cfg: LlmConfig, sched: SchedulerConfig) -> MemoryPlan:
+    """Derive the KV token budget from the memory budget and log it (one line)."""
+    elt = runner.kv_dtype_bytes
+    per_token = memory.kv_bytes_per_token(config, elt)
+    weights = runner.weight_bytes
+    free = None if cfg.memory_budget_mb > 0 else runner.device_free_bytes()
+    if cfg.memory_budget_mb > 0:
+        source = "--memory-budget"
+    elif free is not None:
+        source = f"weights + CUDA free × {memory.GPU_MEMORY_FRACTION}"
+    else:
+        source = f"weights + available RAM × {memory.CPU_MEMORY_FRACTION}"
+    budget = memory.budget_bytes(weights=weights, memory_budget_mb=cfg.memory_budget_mb, device_free=free)
+    # the biggest step: one token per decoding row + a full prefill budget, rounded up to the
+    # runner's bucket; a chunk's scores are bounded by max_prefill_attention, a decoding row's
+    # by one full request; logits for every decoding row and every chunk
+    tokens = sched.max_prefill_tokens + sched.max_batch_size + ModelRunner.BUCKET
+    floor = cfg.max_context_tokens + cfg.max_new_tokens
+    attended = max(-(-sched.max_prefill_attention // sched.max_prefill_tokens), floor)
+    acts = memory.activation_bytes(config, elt, tokens, attended=attended, logits_rows=2 * sched.max_batch_size)
+    fit = memory.kv_token_budget(budget, weights, acts, per_token)
+    plan = MemoryPlan(budget=budget, source=source, weights=weights, activations=acts, per_token=per_token, fit=fit,
+                      configured=sched.max_kv_tokens, floor=floor,
+                      kv_tokens=min(sched.max_kv_tokens, max(fit, floor)))
+    mib = memory.MIB
+    logger.info("LLM memory: budget %.1f MiB (%s) − weights %.1f MiB − activations %.1f MiB → %d KV tokens at "
+                "%d bytes/token; KV budget %d tokens (max_kv_tokens %d%s)", budget / mib, source, weights / mib,
+                acts / mib, fit, per_token, plan.kv_tokens, sched.max_kv_tokens,
+                f", raised to one full request of {floor}: over budget" if fit < floor <= sched.max_kv_tokens else "")
+    return plan
 
 
 @dataclass(slots=True)

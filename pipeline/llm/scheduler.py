@@ -81,6 +81,8 @@ class Scheduler:
         if self.waiting and not (c.static and (self.running or self.prefilling)):
             self._admit(plan, now)
         budget = c.max_prefill_tokens
+        if self.running and c.max_prefill_tokens_decoding:
+            budget = min(budget, c.max_prefill_tokens_decoding)  # decoders wait for every step
         for req in sorted(self.prefilling, key=lambda r: (len(r.prompt_ids) - r.num_computed, r.arrival)):
             if budget <= 0:
                 break

@@ -82,6 +82,17 @@ class BatchKV:
         return self.t - self.s
 
     @property
+    def capacity(self) -> tuple[int, int]:
+        """(slots, columns) the buffers are allocated for (≥ ``n`` and ``t``)."""
+        return int(self.kb[0].shape[0]), int(self.kb[0].shape[2])
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of every layer's key and value buffers (the attention mask not counted):
+        slot capacity × column capacity × the KV bytes per token."""
+        return sum(x.numel() * x.element_size() for x in (*self.kb, *self.vb))
+
+    @property
     def attn(self) -> torch.Tensor:
         """(n, T) mask of the slots' columns (1 = a real token)."""
         return self.attn_buf[: self.n, self.s : self.t]

@@ -94,6 +94,50 @@ class ModelRunner:
         """The batch's transformers cache (None when no request is decoding)."""
         return None if self.batch is None else self.batch.cache
 
+    # ---- memory facts (pipeline.llm.memory does the arithmetic) -------------------------
+
+    @property
+    def kv_dtype_bytes(self) -> int:
+        """Bytes per element of the KV cache and activations: the input embeddings' dtype
+        (bf16: 2, fp32: 4; an int8-weight model keeps fp32 embeddings and activations)."""
+        emb = self.model.get_input_embeddings()
+        return int(emb.weight.element_size())
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes the model's weights take: parameters and buffers, oneDNN-packed bf16
+        linears (``PackedLinear.packed``) and int8 dynamic linears' packed weights."""
+        total, seen = 0, set()
+
+        def add(t) -> None:
+            nonlocal total
+            if isinstance(t, torch.Tensor) and id(t) not in seen:
+                seen.add(id(t))
+                total += t.numel() * t.element_size()
+
+        for m in self.model.modules():
+            for t in (*m.parameters(recurse=False), *m.buffers(recurse=False)):
+                add(t)
+            add(getattr(m, "packed", None))
+            packed = getattr(m, "_packed_params", None)
+            if packed is not None and hasattr(packed, "_weight_bias"):
+                for t in packed._weight_bias():
+                    add(t)
+        return total
+
+    def device_free_bytes(self) -> int | None:
+        """Free memory of the model's CUDA device (``torch.cuda.mem_get_info``), None on CPU."""
+        dev = torch.device(self.device)
+        if dev.type != "cuda":
+            return None
+        return int(torch.cuda.mem_get_info(dev)[0])
+
+    @property
+    def kv_buffer_bytes(self) -> int:
+        """Bytes of the decoding batch's preallocated KV buffers (every layer's K and V,
+        slot capacity × column capacity; 0 when no request is decoding)."""
+        return 0 if self.batch is None else self.batch.nbytes
+
     def reset(self) -> None:
         """Drop every row and the KV cache (after a failed step)."""
         self.reset_batch()
