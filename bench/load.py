@@ -37,6 +37,8 @@ class Turn:
     llm_ttft: float | None = None
     first_audio: float | None = None
     busy_ms: float | None = None
+    busy_events: list[str] = field(default_factory=list)  # reasons of every busy the clip got
+    # (a clip with long pauses is several turns: each is admitted or refused on its own)
 
 
 @dataclass(slots=True)
@@ -55,10 +57,11 @@ class RateRow:
                 and t.voice_to_voice <= slo_ms]
 
     def refused(self) -> dict[str, int]:
+        """``busy`` events by reason, over every turn of every clip."""
         out: dict[str, int] = {}
         for t in self.turns:
-            if t.outcome.startswith("busy:"):
-                out[t.outcome[5:]] = out.get(t.outcome[5:], 0) + 1
+            for reason in t.busy_events:
+                out[reason] = out.get(reason, 0) + 1
         return out
 
 
@@ -88,11 +91,12 @@ async def one_turn(url: str, clip: Path, timeout_s: float) -> Turn:
     except (TimeoutError, ServerUnavailable, OSError) as exc:
         return Turn(f"error:{type(exc).__name__}")
     t = res.timings_ms
+    busy = [str(e.get("reason")) for e in res.events if e.get("type") == "busy"]
     if res.busy is not None and not res.reply_text:
-        return Turn(f"busy:{res.busy.get('reason')}", busy_ms=t.get("busy"))
+        return Turn(f"busy:{res.busy.get('reason')}", busy_ms=t.get("busy"), busy_events=busy)
     if res.reply_text:
-        return Turn("answered", t.get("voice_to_voice"), t.get("llm_ttft"), t.get("first_audio"))
-    return Turn("empty")
+        return Turn("answered", t.get("voice_to_voice"), t.get("llm_ttft"), t.get("first_audio"), busy_events=busy)
+    return Turn("empty", busy_events=busy)
 
 
 def admissions(http: str) -> dict[tuple[str, str], float]:

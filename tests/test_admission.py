@@ -178,3 +178,28 @@ async def test_every_started_response_ends_even_when_the_reply_fails():
         assert codes == ["reply_failed"]
     finally:
         await h.close()
+
+
+def test_admission_learns_from_turns_that_came_in_later_than_predicted():
+    a = policy(slo_ms=2000)
+    busy = Load(llm_running=2)  # others in flight: not idle
+    raw = a.predict_ms(busy, spoken=True, end_silence_ms=500)
+    assert a.decide(busy, spoken=True, end_silence_ms=500, kv_tokens=1, now=0.0) is None
+    for i in range(40):  # admitted turns (an idle server admits all) come in at 2.5x their prediction
+        key = f"k{i}"
+        assert a.decide(IDLE, spoken=True, end_silence_ms=500, kv_tokens=1, now=0.0, key=key) is None
+        a.release(key)
+        a.observe(key, 2.5 * a.predict_ms(IDLE, spoken=True, end_silence_ms=500))
+    assert a.correction.value > 2.0
+    refusal = a.decide(busy, spoken=True, end_silence_ms=500, kv_tokens=1, now=0.0)
+    assert refusal is not None and refusal.reason == "queue" and refusal.predicted_ms > 2 * raw
+    assert a.decide(IDLE, spoken=True, end_silence_ms=500, kv_tokens=1, now=0.0) is None  # idle: still answered
+
+
+def test_an_unknown_or_expired_turn_teaches_nothing():
+    a = policy()
+    a.observe("never admitted", 10_000.0)
+    a.decide(IDLE, spoken=False, end_silence_ms=0, kv_tokens=1, now=0.0, key="old")
+    a.pending(1000.0)  # long past every expiry
+    a.observe("old", 10_000.0)
+    assert a.correction.value == 1.0

@@ -32,7 +32,8 @@ def test_a_rate_holds_only_with_nothing_refused_and_99_percent_within_the_slo():
     assert holds(ok, 2000)
     late = RateRow(1.0, offered=100, turns=[Turn("answered", 900.0)] * 98 + [Turn("answered", 5000.0)] * 2)
     assert not holds(late, 2000)
-    refused = RateRow(1.0, offered=100, turns=[Turn("answered", 900.0)] * 99 + [Turn("busy:queue", busy_ms=3.0)])
+    refused = RateRow(1.0, offered=100, turns=[Turn("answered", 900.0)] * 99
+                      + [Turn("busy:queue", busy_ms=3.0, busy_events=["queue"])])
     assert not holds(refused, 2000) and refused.refused() == {"queue": 1}
 
 

@@ -20,13 +20,16 @@ predicts slower tokens. ``llm_waiting`` also counts the turns admitted but not y
 submitted to the LLM (their final transcript is still being decoded): without them, a
 burst of turns ending together would all see an empty queue and all be admitted.
 
-A turn whose prediction exceeds ``slo_ms`` gets ``busy`` with reason ``queue`` and
-``retry_after_ms`` ≈ the excess — but only when something is queued ahead of it: a turn
-that finds every queue empty and a free batch slot is always admitted (refusing it could
-not make anyone faster; on a slow machine the SLO is then missed by the machine, not by a
-queue). One that would overflow the LLM's KV budget gets reason ``memory``. This is the
-admission-control remedy of the design article (DESIGN.md §5): refuse early, before work
-is spent, rather than queue into tens of seconds.
+The sum is scaled by a learned ``correction`` (a moving average of actual ÷ predicted
+voice-to-voice of admitted turns, reported at their first audio): on a 2-core CPU the
+stages mostly slow each other down (contention) rather than queue, which the sum alone
+underestimates. A turn whose corrected prediction exceeds ``slo_ms`` gets ``busy`` with
+reason ``queue`` and ``retry_after_ms`` ≈ the excess — unless the server is idle (no
+reply in flight, nothing queued): refusing that turn could not make anyone faster; on a
+slow machine the SLO is then missed by the machine, not by load. One that would
+overflow the LLM's KV budget gets reason ``memory``. This is the admission-control remedy
+of the design article (DESIGN.md §5): refuse early, before work is spent, rather than
+queue into tens of seconds.
 """
 
 from __future__ import annotations
@@ -130,7 +133,9 @@ class Admission:
     times: ServiceTimes = field(init=False)
     admitted: int = 0
     refused: int = 0
+    correction: Ewma = field(default_factory=lambda: Ewma(1.0, alpha=0.1))
     _pending: dict[object, float] = field(default_factory=dict)  # admitted turn → expiry (s)
+    _predicted: dict[object, tuple[float, float]] = field(default_factory=dict)  # turn → (raw ms, expiry)
 
     def __post_init__(self) -> None:
         self.times = ServiceTimes.from_config(self.cfg)
@@ -139,7 +144,16 @@ class Admission:
         """Admitted turns not yet submitted to the LLM (expired entries dropped)."""
         for key in [k for k, exp in self._pending.items() if exp <= now]:
             del self._pending[key]
+        for key in [k for k, (_, exp) in self._predicted.items() if exp <= now]:
+            del self._predicted[key]
         return len(self._pending)
+
+    def observe(self, key: object, actual_ms: float) -> None:
+        """The admitted turn ``key`` reached its first audio ``actual_ms`` after its end:
+        learn how far off the prediction was (ratio clamped to 0.5..4; unknown keys ignored)."""
+        entry = self._predicted.pop(key, None)
+        if entry is not None and entry[0] > 0:
+            self.correction.add(min(4.0, max(0.5, actual_ms / entry[0])))
 
     def release(self, key: object) -> None:
         """The admitted turn ``key`` reached the LLM's queue (or ended without a reply):
@@ -187,6 +201,8 @@ class Admission:
             self.refused += refusal is not None
         if refusal is None and key is not None and count:
             self._pending[key] = now + self.cfg.pending_ttl_s
+            raw = self.predict_ms(load, spoken=spoken, end_silence_ms=end_silence_ms, pending=self.pending(now) - 1)
+            self._predicted[key] = (raw, now + 6 * self.cfg.pending_ttl_s)
         return refusal
 
     def _refusal(self, load: Load, spoken: bool, end_silence_ms: float, kv_tokens: int,
@@ -194,14 +210,14 @@ class Admission:
         if not self.cfg.enabled:
             return None
         refusal: Refusal | None = None
-        predicted = self.predict_ms(load, spoken=spoken, end_silence_ms=end_silence_ms, pending=pending)
-        queued = (load.asr_waiting > 0 or load.tts_waiting > 0
-                  or load.llm_waiting + pending >= max(0, load.llm_slots - load.llm_running))
+        predicted = self.correction.value * self.predict_ms(load, spoken=spoken, end_silence_ms=end_silence_ms,
+                                                            pending=pending)
+        idle = not (load.asr_waiting or load.tts_waiting or load.llm_waiting or pending or load.llm_running)
         if load.kv_reserved + kv_tokens > load.kv_budget and load.llm_running > 0:
             hold = self.times.reply_tokens.value * (load.llm_step_ms or self.times.llm_step.value)
             refusal = Refusal("memory", _retry(hold), predicted,
                               f"the LLM's KV budget is full ({load.kv_reserved} of {load.kv_budget} tokens held)")
-        elif predicted > self.cfg.slo_ms and queued:
+        elif predicted > self.cfg.slo_ms and not idle:
             refusal = Refusal("queue", _retry(predicted - self.cfg.slo_ms), predicted,
                               f"a reply now would take ~{predicted:.0f} ms, over the {self.cfg.slo_ms:.0f} ms SLO")
         return refusal

@@ -54,7 +54,8 @@ class TurnGate:
         refusal = admission.decide(load, spoken=spoken, end_silence_ms=since_end_ms,
                                    kv_tokens=self.cfg.llm.max_context_tokens, now=now, key=key, count=count)
         if count:
-            predicted = admission.predict_ms(load, spoken=spoken, end_silence_ms=since_end_ms, pending=pending)
+            predicted = admission.correction.value * admission.predict_ms(
+                load, spoken=spoken, end_silence_ms=since_end_ms, pending=pending)
             metrics.PREDICTED.observe(predicted / 1000)
             if refusal is None:
                 metrics.ADMISSIONS.labels("admitted", "").inc()
@@ -72,6 +73,12 @@ class TurnGate:
         """A callback that ends ``key``'s pending count (None without admission)."""
         admission = self.admission
         return None if admission is None else (lambda: admission.release(key))
+
+    def reporter(self, key: object) -> Callable[[float], None] | None:
+        """A callback taking ``key``'s actual voice-to-voice (ms) at its first audio, from
+        which admission learns its prediction's error (None without admission)."""
+        admission = self.admission
+        return None if admission is None else (lambda ms: admission.observe(key, ms))
 
     def release(self, key: object) -> None:
         """End ``key``'s pending count now (idempotent)."""

@@ -94,19 +94,22 @@ class Replies:
                                times=self.times))
 
     def run(self, reply: Reply, user_text: str, *, t_end: float, asr_ms: float,
-            on_submit: Callable[[], None] | None = None) -> None:
+            on_submit: Callable[[], None] | None = None,
+            on_first_audio: Callable[[float], None] | None = None) -> None:
         """Start ``reply``'s task; ``on_submit`` is called once its LLM request was
-        submitted (or refused)."""
+        submitted (or refused), ``on_first_audio`` with its voice-to-voice time (ms)."""
         reply.responder.on_submit = on_submit
+        reply.responder.on_first_audio = on_first_audio
         reply.task = self._spawn(self._run(reply, user_text, t_end, asr_ms))
 
     async def begin(self, user_text: str, *, t_end: float, asr_ms: float,
-                    on_submit: Callable[[], None] | None = None) -> None:
+                    on_submit: Callable[[], None] | None = None,
+                    on_first_audio: Callable[[float], None] | None = None) -> None:
         """Cancel the current reply and answer ``user_text`` with a new current one."""
         await self.cancel()
         reply = self.new()
         self.turn_state.reply_started()
-        self.run(reply, user_text, t_end=t_end, asr_ms=asr_ms, on_submit=on_submit)
+        self.run(reply, user_text, t_end=t_end, asr_ms=asr_ms, on_submit=on_submit, on_first_audio=on_first_audio)
         self.current = reply
 
     async def promote(self, reply: Reply) -> None:

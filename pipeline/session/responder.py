@@ -60,6 +60,7 @@ class Responder:
         self.on_audio_start, self.release, self.times = on_audio_start, release, times
         self.started = False  # response.started was sent: the reply must end with done or cancelled
         self.on_submit: Callable[[], None] | None = None  # told once the LLM request is queued (or refused)
+        self.on_first_audio: Callable[[float], None] | None = None  # told the voice-to-voice time (ms)
         self.spoken: list[str] = []
         self.timings: dict[str, float] = {}
         self.audio_s = 0.0
@@ -165,6 +166,8 @@ class Responder:
                     self.timings["tts_rtf"] = round(synth_s / audio_s, 3)
                     if self.times is not None:
                         self.times.tts_phrase.add(speech.synth_ms)
+                    if self.on_first_audio is not None:
+                        self.on_first_audio(self.timings["voice_to_voice"])
                     if self.on_audio_start is not None:
                         self.on_audio_start()
                     metrics.FIRST_AUDIO.observe(now - max(t0, self._t_release))

@@ -144,7 +144,8 @@ class Session:
             await send_busy(self.out, refusal.as_busy())
             return
         self._drop_speculation()
-        await self.replies.begin(text, t_end=time.perf_counter(), asr_ms=0.0, on_submit=self.gate.releaser(key))
+        await self.replies.begin(text, t_end=time.perf_counter(), asr_ms=0.0, on_submit=self.gate.releaser(key),
+                                 on_first_audio=self.gate.reporter(key))
 
     async def cancel_response(self) -> None:
         """Handle ``response.cancel``: stop the current reply, if any."""
@@ -323,7 +324,7 @@ class Session:
             return
         if await self._final_transcript(turn, result):
             await self.replies.begin(result.text, t_end=t_end, asr_ms=turn.last_decode_ms,
-                                     on_submit=self.gate.releaser(turn))
+                                     on_submit=self.gate.releaser(turn), on_first_audio=self.gate.reporter(turn))
 
     async def _final_transcript(self, turn: AsrTurn, result: Partial) -> bool:
         """Report the turn's final transcript; False (and ``turn.empty``) if it has no words."""
