@@ -273,5 +273,18 @@ def fake_engines(*, asr: FakeAsr | None = None, llm: FakeLlm | None = None, tts:
     return Engines(vad=vad or FakeVad(), asr=asr or FakeAsr(), llm=llm or FakeLlm(), tts=tts or FakeTts())
 
 
-__all__ = ["Busy", "Delta", "EnergyVadStream", "FakeAsr", "FakeLlm", "FakeTts", "FakeVad", "LlmReply",
+class CharTokenizer:
+    """One token per character (code points 2-255); 0 pads, 1 ends a sequence."""
+
+    pad_token_id, eos_token_id = 0, 1
+
+    def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=True):
+        text = "".join(f"<{m['role']}>{m['content']}\n" for m in messages) + "<assistant>" * add_generation_prompt
+        return [ord(c) for c in text]
+
+    def decode(self, ids, skip_special_tokens=False):
+        return "".join(chr(i) for i in ids if not (skip_special_tokens and i < 2))
+
+
+__all__ = ["Busy", "CharTokenizer", "Delta", "EnergyVadStream", "FakeAsr", "FakeLlm", "FakeTts", "FakeVad", "LlmReply",
            "ScriptedVadStream", "fake_engines", "noise", "pcm16", "silence", "tone"]

@@ -21,22 +21,10 @@ from pipeline.llm import memory
 from pipeline.llm.engine import LlmEngine
 from pipeline.llm.types import FinishReason, GenRequest
 from pipeline.serving.admission import Admission
-from tests.fakes import FakeAsr, FakeTts, FakeVad
+from tests.fakes import CharTokenizer, FakeAsr, FakeTts, FakeVad
 
 GIB = 1 << 30
 
-
-class CharTokenizer:
-    """One token per character (code points 2-255); 0 pads, 1 ends a sequence."""
-
-    pad_token_id, eos_token_id = 0, 1
-
-    def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=True):
-        text = "".join(f"<{m['role']}>{m['content']}\n" for m in messages) + "<assistant>" * add_generation_prompt
-        return [ord(c) for c in text]
-
-    def decode(self, ids, skip_special_tokens=False):
-        return "".join(chr(i) for i in ids if not (skip_special_tokens and i < 2))
 
 
 def tiny(dtype=torch.float32, device="cpu", **over):

@@ -17,19 +17,7 @@ from pipeline.config import LlmConfig, SchedulerConfig
 from pipeline.llm.engine import LlmEngine
 from pipeline.llm.stream import TokenStream
 from pipeline.llm.types import FinishReason, GenRequest
-
-
-class CharTokenizer:
-    """One token per character (code points 2-255); 0 pads, 1 ends a sequence."""
-
-    pad_token_id, eos_token_id = 0, 1
-
-    def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=True):
-        text = "".join(f"<{m['role']}>{m['content']}\n" for m in messages) + "<assistant>" * add_generation_prompt
-        return [ord(c) for c in text]
-
-    def decode(self, ids, skip_special_tokens=False):
-        return "".join(chr(i) for i in ids if not (skip_special_tokens and i < 2))
+from tests.fakes import CharTokenizer
 
 
 @pytest.fixture(scope="module")
