@@ -37,6 +37,7 @@ class Turn:
     llm_ttft: float | None = None
     first_audio: float | None = None
     busy_ms: float | None = None
+    busy_after_stop_ms: float | None = None  # the server's speech.stopped → busy, at the client
     busy_events: list[str] = field(default_factory=list)  # reasons of every busy the clip got
     # (a clip with long pauses is several turns: each is admitted or refused on its own)
 
@@ -93,7 +94,8 @@ async def one_turn(url: str, clip: Path, timeout_s: float) -> Turn:
     t = res.timings_ms
     busy = [str(e.get("reason")) for e in res.events if e.get("type") == "busy"]
     if res.busy is not None and not res.reply_text:
-        return Turn(f"busy:{res.busy.get('reason')}", busy_ms=t.get("busy"), busy_events=busy)
+        return Turn(f"busy:{res.busy.get('reason')}", busy_ms=t.get("busy"),
+                    busy_after_stop_ms=t.get("busy_after_stop"), busy_events=busy)
     if res.reply_text:
         return Turn("answered", t.get("voice_to_voice"), t.get("llm_ttft"), t.get("first_audio"), busy_events=busy)
     return Turn("empty", busy_events=busy)
@@ -152,12 +154,14 @@ def format_row(row: RateRow, slo_ms: float, label: str) -> str:
     ttft = [t.llm_ttft for t in answered if t.llm_ttft is not None]
     fa = [t.first_audio for t in answered if t.first_audio is not None]
     busy = [t.busy_ms for t in row.turns if t.busy_ms is not None]
+    after_stop = [t.busy_after_stop_ms for t in row.turns if t.busy_after_stop_ms is not None]
     refused = ", ".join(f"{k} {v}" for k, v in sorted(row.refused().items())) or "0"
     good = len(row.within(slo_ms)) / row.seconds if row.seconds else 0.0
     return (f"| {label} | {row.rate:.2f} | {row.offered} | {len(answered)} | {refused} | {good:.2f} | "
             f"{pct(v2v, .5):.0f} / {pct(v2v, .95):.0f} / {pct(v2v, .99):.0f} | "
             f"{pct(ttft, .5):.0f} / {pct(ttft, .95):.0f} | {pct(fa, .5):.0f} / {pct(fa, .95):.0f} | "
-            f"{pct(busy, .99):.0f} | {row.peak_rss_mb:.0f} | {'yes' if row.counters_match else 'NO'} |")
+            f"{pct(busy, .99):.0f} / {pct(after_stop, .99):.0f} | {row.peak_rss_mb:.0f} | "
+            f"{'yes' if row.counters_match else 'NO'} |")
 
 
 def holds(row: RateRow, slo_ms: float) -> bool:
@@ -223,7 +227,7 @@ def main(args) -> int:
     print(f"LLM={args.llm} SLO={args.slo_ms:.0f} ms, {kind} arrivals, {args.duration:.0f} s per rate, "
           f"R_sus={r_sus:.2f} turns/s; ms unless noted")
     print("| load | turns/s | offered | answered | refused | goodput/s | v2v p50/p95/p99 | TTFT p50/p95 | "
-          "first audio p50/p95 | busy p99 | peak RSS MB | counters = bench |")
+          "first audio p50/p95 | busy p99 (speech end / end-of-turn event) | peak RSS MB | counters = bench |")
     print("|" + "---|" * 12)
     for label, row in labelled:
         print(format_row(row, args.slo_ms, label))

@@ -46,7 +46,12 @@ def _parser() -> argparse.ArgumentParser:
     a = sub.add_parser("ask", help="send an audio file, print and save the spoken reply")
     a.add_argument("audio", help="audio file (WAV, FLAC, ...)")
     a.add_argument("--url", default="ws://127.0.0.1:8765/ws")
-    a.add_argument("--out", default="reply.wav", help="where to write the reply audio")
+    out = a.add_mutually_exclusive_group()
+    out.add_argument("--out", default="reply.wav", metavar="PATH",
+                     help="where to write the reply audio (WAV; default: reply.wav in the current folder, "
+                          "written only when a reply with audio came)")
+    out.add_argument("--no-out", dest="out", action="store_const", const=None,
+                     help="do not write the reply audio anywhere")
     a.add_argument("--fast", action="store_true", help="send as fast as possible, not in real time")
     a.add_argument("--json", action="store_true", help="print exactly one JSON object")
     a.add_argument("--language", default=None)
@@ -187,7 +192,9 @@ async def _serve_async(cfg) -> int:
 
 
 def _ask(args) -> int:
-    from clients.client import ServerUnavailable, ask, save_reply
+    from websockets.exceptions import WebSocketException
+
+    from clients.client import ServerUnavailable, ask, describe_busy, save_reply
 
     try:
         live = None if args.json else (lambda p: print(f"  ... {p['text']}", flush=True))
@@ -199,7 +206,7 @@ def _ask(args) -> int:
     except TimeoutError:
         print(f"voxpipe ask: no reply within {args.timeout:.0f} s", file=sys.stderr)
         return 4
-    except (OSError, RuntimeError) as exc:
+    except (OSError, RuntimeError, WebSocketException) as exc:
         print(f"voxpipe ask: {exc}", file=sys.stderr)
         return 1
     if res.reply_audio and args.out:
@@ -209,12 +216,13 @@ def _ask(args) -> int:
     else:
         print(f"you said:   {res.transcript or '(nothing)'}")
         why = f" (turn.empty: {res.empty_reason})" if res.empty_reason and not res.reply_text else ""
+        print(f"voxpipe:    {res.reply_text or '(no reply)'}{why}")
         if res.busy and not res.reply_text:
             retry_s = (res.busy.get("retry_after_ms") or 0) / 1000
-            why = f" (busy: {res.busy.get('reason')}, retry in {retry_s:.1f} s: {res.busy.get('message')})"
-        print(f"voxpipe:    {res.reply_text or '(no reply)'}{why}")
+            print(f"busy:       {describe_busy(res.busy)}; try again in {retry_s:.1f} s")
         if res.reply_audio:
-            print(f"reply audio {res.as_json()['reply_audio_s']:.2f} s -> {args.out}")
+            where = f"-> {args.out}" if args.out else "(not saved: --no-out)"
+            print(f"reply audio {res.as_json()['reply_audio_s']:.2f} s {where}")
         print("timings ms: " + ", ".join(f"{k}={v}" for k, v in res.timings_ms.items()))
     for err in res.errors:
         print(f"server error {err.get('code')}: {err.get('message')}", file=sys.stderr)

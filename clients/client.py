@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,6 +17,52 @@ from server.protocol import parse_audio_frame
 
 FRAME_MS = 20
 """Audio is sent in frames of this many milliseconds."""
+
+BUSY_REASONS = {
+    "queue": "the reply would miss the latency target",
+    "memory": "the language model's memory is full",
+    "sessions": "too many sessions are open",
+    "stage": "a processing stage's queue is full",
+}
+"""What each ``busy`` reason means, in plain words (docs/PROTOCOL.md, "Admission")."""
+
+CLOSE_TRY_AGAIN_LATER = 1013
+"""Close code of a session refused by the server's session cap right after the upgrade."""
+SESSIONS_RETRY_MS = 5000
+"""Retry hint for a session refused without a ``Retry-After`` (the server sends 5 s)."""
+
+
+def describe_busy(busy: dict) -> str:
+    """One line for a ``busy`` event (or a refused session): the reason in plain words and
+    the server's message, e.g. ``server busy (queue): the reply would miss the latency
+    target: a reply now would take ~3262 ms, over the 2000 ms SLO``."""
+    reason = busy.get("reason") or "unknown"
+    line = f"server busy ({reason}): {BUSY_REASONS.get(reason, 'it cannot take this turn now')}"
+    return f"{line}: {busy['message']}" if busy.get("message") else line
+
+
+def sessions_busy(message: str, retry_after_s: str | float | None = None) -> dict:
+    """A refused session (HTTP 503 before the upgrade, close 1013 after it) as a ``busy``
+    event's fields: reason ``sessions``, ``retry_after_ms`` from ``Retry-After`` (seconds)."""
+    try:
+        retry_ms = round(float(retry_after_s) * 1000) if retry_after_s is not None else SESSIONS_RETRY_MS
+    except (ValueError, OverflowError):  # an HTTP date, or garbage: the server's usual hint
+        retry_ms = SESSIONS_RETRY_MS
+    return {"reason": "sessions", "retry_after_ms": max(0, retry_ms),
+            "message": message.strip() or "the server is at its session cap"}
+
+
+def refused_session(exc: BaseException) -> dict | None:
+    """The ``busy`` fields if ``exc`` is the session cap's refusal (an HTTP 503 answer to the
+    upgrade, or close code 1013), else None."""
+    from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+    if isinstance(exc, InvalidStatus) and exc.response.status_code == 503:
+        return sessions_busy(exc.response.body.decode("utf-8", "replace") if exc.response.body else "",
+                             exc.response.headers.get("Retry-After"))
+    if isinstance(exc, ConnectionClosed) and exc.rcvd is not None and exc.rcvd.code == CLOSE_TRY_AGAIN_LATER:
+        return sessions_busy(exc.rcvd.reason)
+    return None
 
 
 class ServerUnavailable(ConnectionError):
@@ -66,11 +113,15 @@ async def ask(path: str, *, url: str, fast: bool = False, output_rate: int = 240
     wait for the reply. ``on_partial`` is called with each ``{"t_ms", "text"}`` partial
     transcript as it arrives (``t_ms``: since the first audio was sent).
 
+    A session refused by the server's session cap (HTTP 503, or close code 1013) comes back
+    as ``busy`` with reason ``sessions``, like a refused turn.
+
     Raises:
         ServerUnavailable: nothing accepts a WebSocket at ``url``.
         TimeoutError: no reply within ``timeout_s``.
     """
     from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
     frames, rate, channels = _pcm16_frames(path)
     res = AskResult(output_rate=output_rate)
@@ -78,28 +129,45 @@ async def ask(path: str, *, url: str, fast: bool = False, output_rate: int = 240
         ws = await asyncio.wait_for(connect(url, max_size=None, open_timeout=10), 15)
     except (TimeoutError, OSError) as exc:
         raise ServerUnavailable(f"no voxpipe server at {url} ({exc})") from None
-    marks: dict[str, float] = {}
+    except InvalidHandshake as exc:
+        res.busy = refused_session(exc)
+        if res.busy is None:
+            raise ServerUnavailable(f"no voxpipe server at {url} ({exc})") from None
+        return res
+    marks: dict = {}  # event name → time (s); "sent": each frame's send time
     async with ws:
         start = {"type": "session.start", "sample_rate": rate, "format": "pcm16", "channels": channels,
                  "output_sample_rate": output_rate}
         if language:
             start["language"] = language
-        await ws.send(json.dumps(start))
+        try:
+            await ws.send(json.dumps(start))
+        except ConnectionClosed as exc:  # the session cap's close 1013 can come this early
+            res.busy = refused_session(exc)
+            if res.busy is None:
+                raise
+            return res
 
         async def sender() -> None:
             marks["t0"] = time.perf_counter()
+            sent = marks["sent"] = []  # when each frame actually went out (a busy client lags)
             for i, frame in enumerate(frames):
                 if not fast:
                     delay = marks["t0"] + i * FRAME_MS / 1000 - time.perf_counter()
                     if delay > 0:
                         await asyncio.sleep(delay)
                 await ws.send(frame)
+                sent.append(time.perf_counter())
             marks["input_end"] = time.perf_counter()
             await ws.send(json.dumps({"type": "input.end"}))
 
         send_task = asyncio.create_task(sender())
         try:
             await asyncio.wait_for(_receive(ws, res, marks, on_partial), timeout_s)
+        except ConnectionClosed as exc:
+            res.busy = refused_session(exc)
+            if res.busy is None:
+                raise
         finally:
             send_task.cancel()
             await asyncio.gather(send_task, return_exceptions=True)
@@ -156,9 +224,13 @@ async def _receive(ws, res: AskResult, marks: dict, on_partial: Callable[[dict],
 
 def _timings(res: AskResult, marks: dict, fast: bool) -> None:
     """Client-side timings (ms). End of speech = when the last speech sample was sent
-    (real-time pacing), or when ``input.end`` was sent (``--fast``)."""
+    (real-time pacing: its place in the audio, plus how late its frame went out when the
+    sender fell behind), or when ``input.end`` was sent (``--fast``)."""
     if not fast and "speech_end_audio_ms" in marks:
-        end = marks["t0"] + marks["speech_end_audio_ms"] / 1000
+        e_ms, sent = marks["speech_end_audio_ms"], marks.get("sent", [])
+        k = min(len(sent) - 1, max(0, math.ceil(e_ms / FRAME_MS) - 1))
+        lag = max(0.0, sent[k] - (marks["t0"] + k * FRAME_MS / 1000)) if sent else 0.0
+        end = marks["t0"] + e_ms / 1000 + lag
     else:
         end = marks.get("input_end", marks.get("t0", 0.0))
     server = res.timings_ms.pop("server", {})
@@ -170,6 +242,8 @@ def _timings(res: AskResult, marks: dict, fast: bool) -> None:
                           first_audio=server.get("first_audio"), voice_to_voice=since_end("first_audio"))
     if "busy" in marks:  # end of speech → the busy event, at the client
         res.timings_ms["busy"] = since_end("busy")
+        if "speech_stopped" in marks:  # the server's end-of-turn event → busy: the decision's cost
+            res.timings_ms["busy_after_stop"] = round((marks["busy"] - marks["speech_stopped"]) * 1000, 1)
 
 
 def save_reply(res: AskResult, path: str) -> None:

@@ -4,15 +4,64 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import sys
+from typing import TextIO
 
+from clients.client import describe_busy, refused_session
 from server.protocol import parse_audio_frame
 
 RATE = 16000
 OUT_RATE = 22050
+EXIT_BUSY = 5
+"""Exit status when the server refused the session (its session cap)."""
 
 
-async def _session(url: str, input_device, output_device) -> None:
+class Console:
+    """What ``voxpipe mic`` tells the user, on ``stream`` (stderr). A ``busy`` gets one line
+    with its reason and message; on a terminal a countdown follows on the next line
+    ("retry in N s", rewritten in place each second, then "you can try again now"), which
+    any later message ends first. Elsewhere (a pipe, a log) the busy line says when to
+    retry, once."""
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self.stream = stream if stream is not None else sys.stderr
+        self._countdown: asyncio.Task | None = None
+
+    def say(self, text: str) -> None:
+        self.end_countdown()
+        print(text, file=self.stream, flush=True)
+
+    def busy(self, ev: dict, *, countdown: bool = True) -> None:
+        """Report a ``busy`` event's fields (a countdown needs a running event loop)."""
+        retry_s = max(0, ev.get("retry_after_ms") or 0) / 1000
+        if not (countdown and self.stream.isatty()):
+            self.say(f"voxpipe mic: {describe_busy(ev)}; try again in {retry_s:.1f} s")
+            return
+        self.say(f"voxpipe mic: {describe_busy(ev)}")
+        self._countdown = asyncio.create_task(self._count_down(retry_s))
+
+    async def _count_down(self, seconds: float) -> None:
+        loop = asyncio.get_running_loop()
+        until = loop.time() + seconds
+        while (left := math.ceil(max(0.0, until - loop.time()))) > 0:
+            self.stream.write(f"\r  retry in {left} s ")
+            self.stream.flush()
+            await asyncio.sleep(max(0.05, until - loop.time() - (left - 1)))  # to the next whole second
+        self.stream.write("\r  you can try again now\n")
+        self.stream.flush()
+        if self._countdown is asyncio.current_task():
+            self._countdown = None
+
+    def end_countdown(self) -> None:
+        """Stop a countdown still running, ending its line."""
+        if self._countdown is not None:
+            self._countdown.cancel()
+            self._countdown = None
+            self.stream.write("\n")
+
+
+async def _session(url: str, input_device, output_device, console: Console) -> None:
     from websockets.asyncio.client import connect
 
     from audio.devices import Player, open_microphone
@@ -34,7 +83,7 @@ async def _session(url: str, input_device, output_device) -> None:
         player = Player(OUT_RATE, output_device)
         player.start()
         mic = open_microphone(RATE, on_pcm, input_device)
-        print("listening — speak; Ctrl+C to quit", file=sys.stderr)
+        console.say("listening — speak; Ctrl+C to quit")
 
         async def send() -> None:
             while True:
@@ -52,31 +101,42 @@ async def _session(url: str, input_device, output_device) -> None:
                 ev = json.loads(msg)
                 kind = ev["type"]
                 if kind == "transcript.final":
-                    print(f"you: {ev['text']}", file=sys.stderr)
+                    console.say(f"you: {ev['text']}")
                 elif kind == "response.done":
-                    print(f"voxpipe: {ev['text']}", file=sys.stderr)
+                    console.say(f"voxpipe: {ev['text']}")
                 elif kind == "response.cancelled":
                     cancelled.add(ev["response_id"])
                     player.flush()
                 elif kind == "busy":
-                    retry_s = ev.get("retry_after_ms", 0) / 1000
-                    print(f"voxpipe is busy ({ev['reason']}): try again in {retry_s:.1f} s", file=sys.stderr)
+                    console.busy(ev)
                 elif kind == "error":
-                    print(f"error {ev['code']}: {ev['message']}", file=sys.stderr)
+                    console.say(f"error {ev['code']}: {ev['message']}")
         finally:
+            console.end_countdown()
             sender.cancel()
             mic.stop()
             player.close()
 
 
 def run_mic(url: str, *, input_device=None, output_device=None) -> int:
-    """Run the microphone client until Ctrl+C; returns an exit status."""
+    """Run the microphone client until Ctrl+C; returns an exit status (0; 2: no audio
+    device; 3: no server; 5: the server refused the session, busy ``sessions``)."""
+    from websockets.exceptions import WebSocketException
+
     from audio.devices import DeviceError
 
+    console = Console()
     try:
-        asyncio.run(_session(url, input_device, output_device))
+        asyncio.run(_session(url, input_device, output_device, console))
     except KeyboardInterrupt:
         return 0
+    except WebSocketException as exc:
+        busy = refused_session(exc)
+        if busy is None:
+            console.say(f"voxpipe mic: {exc}")
+            return 1
+        console.busy(busy, countdown=False)  # the session is over: nothing to count down for
+        return EXIT_BUSY
     except DeviceError as exc:
         print(f"voxpipe mic: {exc}", file=sys.stderr)
         return 2

@@ -65,6 +65,9 @@ class AsrConfig:
         encoder_batch: requests per encoder call; 0 = auto (1 on CPU, where batched
             encodes were slower per item; all of a group on CUDA).
         min_chunk_ms: a session's buffer is re-decoded after this much new audio (1000 ms).
+        partial_hold_max_ms: while other turns wait for their reply's first audio, a
+            session's partial updates are put off, at most this long since its last
+            one (2000 ms; see :mod:`pipeline.asr.turn`).
         pad_s: silence after the audio in the encoder window (3 s; less made Whisper loop).
         bucket_s: encoder windows are multiples of this (5 s), so requests of similar
             length share a batch.
@@ -88,6 +91,7 @@ class AsrConfig:
     max_wait_ms: float = 20.0
     encoder_batch: int = 0
     min_chunk_ms: int = 1000
+    partial_hold_max_ms: int = 2000
     pad_s: float = 3.0
     bucket_s: float = 5.0
     trim_s: float = 8.0

@@ -137,8 +137,9 @@ class LlmStage(Stage, Protocol):
 class TtsStage(Stage, Protocol):
     """Text to speech, one phrase at a time."""
 
-    async def run(self, item: str) -> Speech:
-        """Synthesize one phrase.
+    async def run(self, item: str, *, priority: int | None = None) -> Speech:
+        """Synthesize one phrase; ``priority`` 0 for a reply's first phrase (a user waits
+        for it: served first), 1 for later ones (their reply is already playing).
 
         Raises:
             Busy: the stage's queue is full; or the voice's exception.

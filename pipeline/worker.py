@@ -3,16 +3,22 @@
 Sessions call :meth:`BatchWorker.submit` from the event loop; the worker thread takes
 up to ``max_batch_size`` items that arrive within ``max_wait_ms`` of the first one and
 hands them to :meth:`BatchWorker.process_batch`. The event loop never runs model code.
+
+Items have a priority (:meth:`BatchWorker.priority`, 0 = most urgent): the queue hands
+out the most urgent first (FIFO within a priority), and a batch that starts with an
+urgent item takes only items as urgent, so latency-critical work (a turn's final
+transcript) never waits behind, nor is slowed by, best-effort work (partial transcripts).
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
 logger = logging.getLogger(__name__)
@@ -43,12 +49,17 @@ class Busy(RuntimeError):
         self.retry_after_ms = retry_after_ms
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, order=True)
 class _Job(Generic[In]):
-    item: In
-    future: asyncio.Future
-    loop: asyncio.AbstractEventLoop
-    enqueued: float
+    priority: int
+    seq: int
+    item: In = field(compare=False)
+    future: asyncio.Future | None = field(compare=False)  # None: the stop sentinel
+    loop: asyncio.AbstractEventLoop | None = field(compare=False)
+    enqueued: float = field(compare=False)
+
+
+_STOP_PRIORITY = 1 << 30  # after every queued item
 
 
 class BatchWorker(Generic[In, Out]):
@@ -68,7 +79,11 @@ class BatchWorker(Generic[In, Out]):
         self.max_batch_size = max_batch_size
         self.max_wait_ms = max_wait_ms
         self.workers = workers
-        self._queue: queue.Queue[_Job | None] = queue.Queue(maxsize=queue_size)
+        self.queue_size = queue_size
+        # unbounded underneath (the worker puts back what may not join a batch, which must
+        # never block); :meth:`submit` keeps the bound
+        self._queue: queue.PriorityQueue[_Job] = queue.PriorityQueue()
+        self._seq = itertools.count()
         self._threads: list[threading.Thread] = []
 
     def start(self) -> None:
@@ -82,39 +97,49 @@ class BatchWorker(Generic[In, Out]):
     def stop(self) -> None:
         """Ask the workers to exit after the queued items and wait for them."""
         for _ in self._threads:
-            self._queue.put(None)
+            self._queue.put(self._stop_job())
         for t in self._threads:
             t.join(timeout=30)
         self._threads = []
+
+    def _stop_job(self) -> _Job:
+        return _Job(_STOP_PRIORITY, next(self._seq), None, None, None, 0.0)
+
+    def priority(self, item: In) -> int:
+        """How urgent ``item`` is: 0 (most) and up. Subclasses override; all 0 here."""
+        return 0
 
     @property
     def depth(self) -> int:
         """Items waiting in the queue."""
         return self._queue.qsize()
 
-    def submit(self, item: In) -> asyncio.Future[Out]:
-        """Queue ``item``; returns a future resolved with its result on this loop.
+    def submit(self, item: In, *, priority: int | None = None) -> asyncio.Future[Out]:
+        """Queue ``item`` (``priority``: 0 = most urgent; None: :meth:`priority` decides);
+        returns a future resolved with its result on this loop.
 
         Raises:
             Busy: the queue is full.
         """
+        if self._queue.qsize() >= self.queue_size:
+            raise Busy(f"{self.name} is busy: {self.queue_size} requests already queued")
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
-        try:
-            self._queue.put_nowait(_Job(item, fut, loop, time.monotonic()))
-        except queue.Full:
-            raise Busy(f"{self.name} is busy: {self._queue.maxsize} requests already queued") from None
+        rank = self.priority(item) if priority is None else priority
+        self._queue.put_nowait(_Job(rank, next(self._seq), item, fut, loop, time.monotonic()))
         return fut
 
-    async def run(self, item: In) -> Out:
+    async def run(self, item: In, *, priority: int | None = None) -> Out:
         """Submit ``item`` and await its result (cancelling the await drops the result)."""
-        return await self.submit(item)
+        return await self.submit(item, priority=priority)
 
     def process_batch(self, items: list[In]) -> list[Out | BaseException]:
         """Process a batch in the worker thread; return one result or exception per item."""
         raise NotImplementedError
 
     def _collect(self, first: _Job) -> list[_Job]:
+        """``first`` and what joins it within ``max_wait_ms``: items at most as urgent as
+        ``first`` may not join an urgent batch (they are put back)."""
         jobs = [first]
         deadline = time.monotonic() + self.max_wait_ms / 1000.0
         while len(jobs) < self.max_batch_size:
@@ -123,8 +148,8 @@ class BatchWorker(Generic[In, Out]):
                 job = self._queue.get(timeout=timeout) if timeout > 0 else self._queue.get_nowait()
             except queue.Empty:
                 break
-            if job is None:
-                self._queue.put(None)
+            if job.future is None or job.priority > first.priority:
+                self._queue.put(job)  # the stop sentinel, or less urgent work: it waits its turn
                 break
             jobs.append(job)
         return jobs
@@ -132,9 +157,9 @@ class BatchWorker(Generic[In, Out]):
     def _run(self) -> None:
         while True:
             first = self._queue.get()
-            if first is None:
+            if first.future is None:
                 return
-            jobs = [j for j in self._collect(first) if not j.future.cancelled()]
+            jobs = [j for j in self._collect(first) if j.future is not None and not j.future.cancelled()]
             if not jobs:
                 continue
             try:
@@ -143,6 +168,7 @@ class BatchWorker(Generic[In, Out]):
                 logger.exception("%s batch failed", self.name)
                 results = [exc] * len(jobs)
             for job, res in zip(jobs, results):
+                assert job.loop is not None and job.future is not None
                 job.loop.call_soon_threadsafe(_resolve, job.future, res)
 
 

@@ -258,7 +258,7 @@ class FakeTts(_Stage):
         self.script = script or {}
         self.phrases: list[str] = []
 
-    async def run(self, item: str) -> Speech:
+    async def run(self, item: str, *, priority: int | None = None) -> Speech:
         self.phrases.append(item)
         await asyncio.sleep(self.delay_s)
         audio = self.script.get(item)

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from tests.conftest import ROOT, free_port
@@ -61,6 +62,46 @@ def test_ask_music_has_no_reply(server, audio_dir, tmp_path):
     res = json.loads(r.stdout)
     assert res["transcript"] == "" and res["reply_text"] == "" and res["reply_audio_s"] == 0
     assert res["turn_empty"] in ("no_speech", "no_words")  # says why there is no reply
+
+
+def _scripted_reply(audio_s: float = 0.5, rate: int = 24000) -> list:
+    """A scripted server's answer to a turn: a reply with ``audio_s`` of audio."""
+    from pipeline.session import events as ev
+    from server.protocol import audio_frame
+    from tests.scripted_server import server_event
+
+    pcm = (np.sin(np.arange(int(audio_s * rate)) / 8) * 3000).astype("<i2").tobytes()
+    return [server_event(ev.ResponseStarted, response_id=1, user_text="hello"), audio_frame(1, pcm),
+            server_event(ev.ResponseDone, response_id=1, text="Hi there.", fallback=False, finish_reason="stop",
+                         output_tokens=3, audio_s=audio_s, timings_ms={})]
+
+
+@pytest.mark.parametrize("out", ["default", "--out", "--no-out"])
+def test_ask_writes_reply_audio_where_asked(out, tmp_path, monkeypatch, capsys):
+    """``reply.wav`` in the current folder unless ``--out PATH`` says where or ``--no-out``
+    says nowhere (README: "writes reply.wav"). A scripted server: no model."""
+    import soundfile as sf
+
+    from cli.main import main
+    from tests.scripted_server import scripted_server
+
+    clip = tmp_path / "q.wav"
+    sf.write(clip, np.zeros(1600, np.float32), 16000, subtype="PCM_16")
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    args = {"default": [], "--out": ["--out", str(tmp_path / "r.wav")], "--no-out": ["--no-out"]}[out]
+    with scripted_server(turn=_scripted_reply(0.5)) as srv:
+        assert main(["ask", str(clip), "--url", srv.url, "--fast", *args]) == 0
+    stdout = capsys.readouterr().out
+    assert "voxpipe:    Hi there." in stdout
+    written = {"default": cwd / "reply.wav", "--out": tmp_path / "r.wav", "--no-out": None}[out]
+    assert sorted(p.name for p in cwd.iterdir()) == (["reply.wav"] if out == "default" else [])
+    if written is None:
+        assert not (tmp_path / "r.wav").exists() and "reply audio 0.50 s (not saved: --no-out)" in stdout
+    else:
+        assert f"reply audio 0.50 s -> {written if out == '--out' else 'reply.wav'}" in stdout
+        assert abs(sf.info(str(written)).duration - 0.5) < 0.01
 
 
 def test_ask_without_server_says_so_in_one_line(audio_dir):

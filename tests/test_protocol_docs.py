@@ -84,17 +84,17 @@ def test_schema_names_every_event_type_in_both_directions():
 SAMPLES: list[ev.ServerEvent] = [
     ev.SessionStarted(session_id="abc", input=ev.AudioFormat(sample_rate=48000, format="f32", channels=2),
                       output=ev.AudioFormat(sample_rate=24000, format="pcm16", channels=1)),
-    ev.SpeechStarted(audio_ms=320),
-    ev.SpeechStopped(audio_ms=2790, reason="silence"),
-    ev.TranscriptPartial(committed="Go", unstable="forward", text="Go forward", language="en"),
-    ev.TranscriptFinal(text="Go forward ten meters.", language="en", audio_ms=2870),
-    ev.TurnEmpty(reason="no_words"),
+    ev.SpeechStarted(turn_id=1, audio_ms=320),
+    ev.SpeechStopped(turn_id=1, audio_ms=2790, reason="silence"),
+    ev.TranscriptPartial(turn_id=1, committed="Go", unstable="forward", text="Go forward", language="en"),
+    ev.TranscriptFinal(turn_id=1, text="Go forward ten meters.", language="en", audio_ms=2870),
+    ev.TurnEmpty(turn_id=2, reason="no_words"),
     ev.ResponseStarted(response_id=1, user_text="Hi"),
     ev.ResponseTextDelta(response_id=1, delta="Sure"),
     ev.ResponseDone(response_id=1, text="Sure.", fallback=False, finish_reason="stop", output_tokens=3,
                     audio_s=0.5, timings_ms={"llm_ttft": 120.5}),
     ev.ResponseCancelled(response_id=1, spoken_text="", reason="barge_in"),
-    ev.Busy(reason="queue", retry_after_ms=1200, message="a reply now would take ~3200 ms, over the SLO"),
+    ev.Busy(turn_id=3, reason="queue", retry_after_ms=1200, message="a reply now would take ~3200 ms, over the SLO"),
     ev.Error(code="bad_json", message="text frame is not JSON", fatal=False),
 ]
 

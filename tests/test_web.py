@@ -2,7 +2,9 @@
 
 Chromium's fake microphone plays a WAV file (the JFK clip with silence around it), the
 page captures it with an AudioWorklet and streams f32 at the AudioContext rate; the test
-reads the page's state from ``window.voxpipe``.
+reads the page's state from ``window.voxpipe``. The ``busy`` tests (a refused turn, the
+session cap) drive the page against a scripted server instead (tests/scripted_server.py:
+no model, so not ``slow``).
 
 Needs Debian's ``chromium`` (``apt-get install chromium``) and the ``playwright`` Python
 package (no ``playwright install``: the system browser is used).
@@ -11,21 +13,23 @@ package (no ``playwright install``: the system browser is used).
 from __future__ import annotations
 
 import os
+import re
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import pytest
 import soundfile as sf
 
+from pipeline.session import events as ev
+from tests.scripted_server import scripted_server, server_event
 from tests.wsclient import wer
 
 CHROMIUM = os.environ.get("VOXPIPE_CHROMIUM", "/usr/bin/chromium")
 JFK = "en_jfk_inaugural_1961.wav"
 LEAD_S, TAIL_S = 0.5, 3.5  # silence before and after the clip in the fake microphone
 SCREENSHOT = "/tmp/voxpipe_web.png"
-
-pytestmark = pytest.mark.slow
 
 # Page-side helpers (evaluated in the browser).
 LAST_RID = "Math.max(0, ...window.voxpipe.events.filter(e => e.type === 'response.started').map(e => e.response_id))"
@@ -50,29 +54,35 @@ def fake_mic_wav(audio_dir: Path, out: Path) -> float:
     return len(x) / sr
 
 
-@pytest.fixture
-def browser(tmp_path, audio_dir):
+@contextmanager
+def launch(*extra_args: str):
+    """Headless Chromium (the system's), with a fake microphone and no permission prompts."""
     if not Path(CHROMIUM).exists():
         pytest.fail(f"Chromium not found at {CHROMIUM}: apt-get install chromium (or set VOXPIPE_CHROMIUM)")
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
         pytest.fail("the playwright Python package is missing: pip install playwright")
-    wav = tmp_path / "mic.wav"
-    duration = fake_mic_wav(audio_dir, wav)
     args = [
         "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync",
         "--autoplay-policy=no-user-gesture-required",
-        "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
-        f"--use-file-for-fake-audio-capture={wav}%noloop",  # play once, then silence
+        "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream", *extra_args,
     ]
     with sync_playwright() as pw:
         b = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=args)
         try:
-            yield b, duration
+            yield b
         finally:
             b.close()
+
+
+@pytest.fixture
+def browser(tmp_path, audio_dir):
+    wav = tmp_path / "mic.wav"
+    duration = fake_mic_wav(audio_dir, wav)
+    with launch(f"--use-file-for-fake-audio-capture={wav}%noloop") as b:  # play once, then silence
+        yield b, duration
 
 
 def wait(page, expr: str, arg=None, timeout_s: float = 300, what: str = ""):
@@ -87,6 +97,7 @@ def wait(page, expr: str, arg=None, timeout_s: float = 300, what: str = ""):
         pytest.fail(f"timed out after {timeout_s} s waiting for {what or expr}; events: {events}")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(1800)  # the generous waits below add up on a busy machine
 def test_browser_voice_turn_text_turn_and_cancel(browser, server, manifest):
     b, mic_s = browser
@@ -174,3 +185,80 @@ def test_browser_voice_turn_text_turn_and_cancel(browser, server, manifest):
     print(f"browser test took {time.monotonic() - t0:.1f} s; sample rate {rate}; transcript {final!r}; "
           f"playback underruns {vp['underruns']}")
     ctx.close()
+
+
+# ---- busy: the page against a scripted server (tests/scripted_server.py; no model) ----------
+
+BUSY_STATE = """() => {
+  const el = [...document.querySelectorAll('#conversation .msg.busy')].pop();
+  if (!el) return null;
+  return {reason: el.dataset.reason, left: Number(el.dataset.left), text: el.querySelector('.text').innerText,
+          countdown: el.querySelector('.countdown').innerText, meta: el.querySelector('.meta').innerText,
+          retryOk: el.classList.contains('retry-ok'), count: document.querySelectorAll('.msg.busy').length};
+}"""
+
+
+def open_page(b, http: str):
+    """A fresh page on ``http``/; returns it with the list its uncaught JS errors go to."""
+    ctx = b.new_context(viewport={"width": 900, "height": 1000})
+    ctx.set_default_timeout(120_000)
+    page = ctx.new_page()
+    js_errors: list[str] = []
+    page.on("pageerror", lambda e: js_errors.append(str(e)))
+    page.goto(http + "/")
+    return page, js_errors
+
+
+def busy_state(page, cond: str, what: str, timeout_s: float = 60) -> dict:
+    """Wait until the newest busy bubble satisfies ``cond`` (JS, on its state ``s``)."""
+    return wait(page, f"() => {{ const s = ({BUSY_STATE})(); return s && ({cond}) ? s : null; }}",
+                timeout_s=timeout_s, what=what)
+
+
+def test_browser_shows_busy_with_its_reason_and_a_countdown_to_retry():
+    message = "a reply now would take ~9100 ms, over the 2000 ms SLO"
+    busy = server_event(ev.Busy, reason="queue", retry_after_ms=5000, message=message)
+    with launch() as b, scripted_server(turn=[busy]) as srv:
+        page, js_errors = open_page(b, srv.http)
+        page.fill("#text", "Hello?")
+        page.click("#send")
+        # a bubble in the conversation (not only the event log), with a countdown running
+        s = busy_state(page, "s.left > 0", "the busy bubble with a countdown")
+        assert s["reason"] == "queue" and s["count"] == 1
+        assert s["text"] == "Server busy (queue): the reply would miss the latency target", s
+        assert s["meta"] == message
+        first = s["left"]
+        assert 1 <= first <= 5 and s["countdown"] == f"retry in {first} s", s
+        # it ticks down ...
+        s = busy_state(page, f"s.left > 0 && s.left < {first}", "the countdown to go down")
+        assert re.fullmatch(r"retry in [1-4] s", s["countdown"]), s
+        # ... to zero, then says a retry may succeed
+        s = busy_state(page, "s.left === 0", "the countdown to end")
+        assert s["countdown"] == "you can try again now" and s["retryOk"], s
+        vp = page.evaluate("window.voxpipe")
+        assert vp["busy"] == [{"reason": "queue", "retry_after_ms": 5000, "message": message}]
+        assert [e["type"] for e in vp["events"]] == ["session.started", "busy"]
+        assert vp["status"].startswith("connected")  # a refused turn leaves the session open
+        assert "busy (queue)" in page.inner_text("#log")
+        assert [e["type"] for e in srv.received] == ["session.start", "text.input"]
+        assert not js_errors, js_errors
+
+
+@pytest.mark.parametrize("refuse", ["http", "close"])
+def test_browser_shows_the_session_cap_as_busy_sessions(refuse):
+    """The session cap: HTTP 503 before the upgrade (the page learns it over HTTP: a
+    browser's WebSocket only reports 1006), or close code 1013 right after it."""
+    with launch() as b, scripted_server(refuse=refuse, retry_after_s=7, max_sessions=2) as srv:
+        page, js_errors = open_page(b, srv.http)
+        page.fill("#text", "Hello?")
+        page.click("#send")
+        s = busy_state(page, "s.left > 0", "the busy bubble for the session cap")
+        assert s["reason"] == "sessions"
+        assert s["text"] == "Server busy (sessions): too many sessions are open", s
+        assert "server full: 2 sessions" in s["meta"], s
+        assert 1 <= s["left"] <= (7 if refuse == "http" else 5) and s["countdown"] == f"retry in {s['left']} s"
+        busy = page.evaluate("window.voxpipe.busy")
+        assert [x["retry_after_ms"] for x in busy] == [7000 if refuse == "http" else 5000], busy
+        wait(page, "window.voxpipe.status === 'busy (sessions)'", timeout_s=60, what="the status badge")
+        assert page.evaluate("window.voxpipe.events") == []  # no session, no events
+        assert not js_errors, js_errors

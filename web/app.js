@@ -5,6 +5,7 @@
 (() => {
   const BATCH_MS = 20; // audio per binary message
   const PLAYBACK_LEAD_S = 0.06; // head start for the first chunk of a reply
+  const CLOSE_TRY_AGAIN_LATER = 1013; // close code of the session cap
   const $ = (id) => document.getElementById(id);
 
   // State a test (or a curious user in the console) can read.
@@ -23,6 +24,7 @@
     underruns: 0, // reply chunks that arrived after the previous one had finished playing
     responses: {}, // response_id -> {userText, text, frames, samples, done, cancelled}
     replyText: "", // text of the latest reply so far
+    busy: [], // every refusal shown: {reason, retry_after_ms, message} (busy events, 503, close 1013)
   });
 
   let ctx = null; // AudioContext (one per page)
@@ -58,19 +60,67 @@
     box.scrollTop = box.scrollHeight;
   }
 
-  // A refused turn: say why, and count down to when a retry may succeed.
+  // ---- busy: a refused turn or session, with a retry countdown ----------------------
+
+  // What each `busy` reason means, in plain words (docs/PROTOCOL.md, "Admission").
+  const BUSY_REASONS = {
+    queue: "the reply would miss the latency target",
+    memory: "the language model's memory is full",
+    sessions: "too many sessions are open",
+    stage: "a processing stage's queue is full",
+  };
+  const SESSIONS_RETRY_MS = 5000; // a refused connection without a Retry-After: the server's own hint
+
+  // A refused turn (a `busy` event) or connection (HTTP 503 / close 1013: reason
+  // "sessions"): a bubble in the conversation saying why, and a countdown to when a retry
+  // may succeed. `ev`: {reason, retry_after_ms, message}.
   function showBusy(ev) {
+    const reason = ev.reason || "unknown";
+    const retryMs = Math.max(0, Number(ev.retry_after_ms) || 0);
+    vp.busy.push({ reason, retry_after_ms: retryMs, message: ev.message || "" });
     const el = bubble("assistant busy", "");
-    const until = performance.now() + ev.retry_after_ms;
+    el.dataset.reason = reason;
+    const text = el.querySelector(".text");
+    text.textContent = `Server busy (${reason}): ${BUSY_REASONS[reason] || "it cannot take this turn now"}`;
+    const countdown = document.createElement("span");
+    countdown.className = "countdown";
+    countdown.setAttribute("aria-live", "off"); // the bubble is announced once, not every tick
+    text.after(countdown);
+    el.querySelector(".meta").textContent = ev.message || "";
+    const until = performance.now() + retryMs;
     const tick = () => {
-      const left = Math.max(0, until - performance.now());
-      el.querySelector(".text").textContent = left > 0
-        ? `Busy (${ev.reason}) — try again in ${(left / 1000).toFixed(1)} s`
-        : `Busy (${ev.reason}) — you can try again now`;
-      if (left > 0) setTimeout(tick, 100);
+      const left = Math.ceil(Math.max(0, until - performance.now()) / 1000); // whole seconds, 0 at the end
+      el.dataset.left = String(left);
+      if (left > 0) {
+        countdown.textContent = `retry in ${left} s`;
+        // next tick at the next whole second (at most 1 s away)
+        setTimeout(tick, Math.max(50, until - performance.now() - (left - 1) * 1000));
+      } else {
+        countdown.textContent = "you can try again now";
+        el.classList.add("retry-ok");
+      }
     };
-    el.querySelector(".meta").textContent = ev.message;
     tick();
+  }
+
+  // The upgrade failed before the socket opened (the browser reports only code 1006):
+  // ask the same URL over plain HTTP whether it is the session cap (503 + Retry-After).
+  async function refusedForSessions() {
+    try {
+      const r = await fetch("/ws", { cache: "no-store" });
+      if (r.status !== 503) return false;
+      const secs = parseFloat(r.headers.get("Retry-After"));
+      const body = (await r.text()).trim();
+      log(`connection refused: HTTP 503 (sessions), Retry-After ${r.headers.get("Retry-After")} s: ${body}`, "error");
+      showBusy({
+        reason: "sessions",
+        retry_after_ms: Number.isFinite(secs) ? secs * 1000 : SESSIONS_RETRY_MS,
+        message: body || "the server is at its session cap",
+      });
+      return true;
+    } catch {
+      return false; // no server at all: the close already said so
+    }
   }
 
   function bubble(role, text) {
@@ -130,9 +180,11 @@
     const url = `${location.protocol === "https:" ? "wss:" : "ws:"}//${location.host}/ws`;
     setStatus("connecting", "connecting…");
     connecting = new Promise((resolve, reject) => {
+      let opened = false; // false at close: the upgrade itself failed (or was refused)
       ws = new WebSocket(url);
       ws.binaryType = "arraybuffer";
       ws.onopen = () => {
+        opened = true;
         vp.declared = {
           type: "session.start",
           sample_rate: ctx.sampleRate,
@@ -155,6 +207,13 @@
       ws.onclose = (e) => {
         setStatus("closed", `closed (${e.code}${e.reason ? ` ${e.reason}` : ""})`);
         log(`connection closed: code ${e.code}`, e.code === 1000 ? "" : "error");
+        if (e.code === CLOSE_TRY_AGAIN_LATER) {
+          // the session cap, hit right after the upgrade
+          setStatus("closed", "busy (sessions)");
+          showBusy({ reason: "sessions", retry_after_ms: SESSIONS_RETRY_MS, message: e.reason || "server full" });
+        } else if (!opened) {
+          refusedForSessions().then((busy) => busy && !ws && setStatus("closed", "busy (sessions)"));
+        }
         reject(new Error(`connection closed (${e.code})`));
         stopMic();
         ws = null;

@@ -28,10 +28,6 @@ logger = logging.getLogger(__name__)
 RATE = 16000
 
 
-
-
-
-
 class AsrEngine(BatchWorker[DecodeRequest | AsrRequest, DecodeResult | Transcript]):
     """The process-wide ASR stage.
 
@@ -50,6 +46,11 @@ class AsrEngine(BatchWorker[DecodeRequest | AsrRequest, DecodeResult | Transcrip
         self.decoder = BatchDecoder(model, cfg)
         self.batch_sizes: list[int] = []  # recent streaming batch sizes (metrics, benchmark)
         self.busy_s = 0.0  # time spent in process_batch (s)
+
+    def priority(self, item: DecodeRequest | AsrRequest) -> int:
+        """0 for a turn's final transcript (and the catch-up before it, and whole
+        utterances): the user is waiting for it; 1 for a partial update (best effort)."""
+        return 1 if isinstance(item, DecodeRequest) and not (item.final or item.urgent) else 0
 
     @property
     def languages(self) -> list[str]:

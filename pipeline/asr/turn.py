@@ -6,12 +6,21 @@ is answered and ``min_chunk_ms`` of new audio has arrived, so a slow engine make
 session's updates less frequent instead of piling up requests. Audio that arrived faster
 than it was decoded (a burst) is caught up on with updates back to back, and the final
 decode waits until all of it has been worked through: no audio of a turn is skipped.
+
+Partial updates are best effort: while ``hold()`` says the server is busy with other
+turns' critical paths (their speech ended, their reply's first audio is not out yet),
+a stream's next partial waits — up to ``partial_hold_max_ms`` since its last one, so
+barge-in and the live transcript still work under load — and the CPU goes to the
+turns whose users are waiting. The final decode and its catch-up are never held, and
+the ASR stage serves them before partials (:meth:`AsrEngine.priority`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
 import numpy as np
@@ -32,12 +41,17 @@ class AsrTurn:
         language: ISO code or None (detect).
         on_partial: awaited with each new :class:`Partial` that has words.
         spawn: starts a task the session owns (cancelled when the session closes).
+        hold: True while partial updates should wait (other turns' replies are due;
+            None: never held).
     """
 
     def __init__(self, engine, cfg: AsrConfig, *, language: str | None,
                  on_partial: Callable[[Partial], Awaitable[None]],
-                 spawn: Callable[..., asyncio.Task]) -> None:
-        self.engine, self.on_partial, self._spawn = engine, on_partial, spawn
+                 spawn: Callable[..., asyncio.Task], hold: Callable[[], bool] | None = None) -> None:
+        self.engine, self.on_partial, self._spawn, self._hold = engine, on_partial, spawn, hold
+        self.cfg = cfg
+        self.held = 0  # partial updates put off by ``hold``
+        self._last_update = time.monotonic()
         self.stream = StreamingTranscript(cfg, language=language)
         self.open = True
         self.updates = 0
@@ -52,8 +66,19 @@ class AsrTurn:
         self._kick()
 
     def _kick(self) -> None:
-        if self.open and (self._task is None or self._task.done()) and self.stream.due():
+        if self.open and (self._task is None or self._task.done()) and self.stream.due() and not self._held():
+            self._last_update = time.monotonic()
             self._task = self._spawn(self._update())
+
+    def _held(self) -> bool:
+        """Put this partial off: others' turns are on their critical path, and this
+        stream's last update is less than ``partial_hold_max_ms`` old."""
+        if self._hold is None or (time.monotonic() - self._last_update) * 1000 >= self.cfg.partial_hold_max_ms:
+            return False
+        if self._hold():
+            self.held += 1
+            return True
+        return False
 
     async def _update(self) -> None:
         try:
@@ -70,15 +95,17 @@ class AsrTurn:
             await self.on_partial(part)
         self._kick()  # audio is left over (it came faster than it was decoded): go on
 
-    async def _decode(self, *, final: bool) -> Partial:
+    async def _decode(self, *, final: bool, urgent: bool = False) -> Partial:
         # One request in flight per stream: a cancelled decode (the turn went on, or ended)
         # may still be unwinding when the next one starts; the lock makes the next wait
         # until the stream has forgotten the cancelled request.
         async with self._lock:
-            return await self._decode_locked(final=final)
+            return await self._decode_locked(final=final, urgent=urgent)
 
-    async def _decode_locked(self, *, final: bool) -> Partial:
+    async def _decode_locked(self, *, final: bool, urgent: bool) -> Partial:
         req = self.stream.request(final=final)
+        if urgent:
+            req = dataclasses.replace(req, urgent=True)
         try:
             result = await self.engine.run(req)
         except BaseException:
@@ -113,7 +140,7 @@ class AsrTurn:
             self._task = None
         while not self.stream.fits_final():  # the buffer is behind: catch up first
             reached, cut = self.stream.decoded_s, self.stream.trimmed_s
-            await self._decode(final=False)
+            await self._decode(final=False, urgent=True)
             # progress: the request reached further, or the buffer was cut (a full
             # 27 s window then moves on by the cut, though it reaches no further yet)
             if self.stream.decoded_s <= reached and self.stream.trimmed_s <= cut:

@@ -19,6 +19,9 @@ class DecodeRequest:
         language: ISO code, or None to detect (multilingual models only).
         word_times: also return the start/end time of every word (one batched align).
         final: the end of the turn (False: the speech goes on after ``audio``).
+        urgent: on a turn's critical path (its speech ended: a catch-up before the final
+            decode); final requests are always urgent. The ASR stage serves urgent
+            requests before partial updates (:meth:`AsrEngine.priority`).
     """
 
     audio: np.ndarray
@@ -27,6 +30,7 @@ class DecodeRequest:
     language: str | None = None
     word_times: bool = False
     final: bool = False
+    urgent: bool = False
 
 
 @dataclass(slots=True, frozen=True)

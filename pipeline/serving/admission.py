@@ -135,6 +135,7 @@ class Admission:
     refused: int = 0
     correction: Ewma = field(default_factory=lambda: Ewma(1.0, alpha=0.1))
     _pending: dict[object, float] = field(default_factory=dict)  # admitted turn → expiry (s)
+    _critical: dict[object, float] = field(default_factory=dict)  # admitted, first audio not out → expiry
     _predicted: dict[object, tuple[float, float]] = field(default_factory=dict)  # turn → (raw ms, expiry)
 
     def __post_init__(self) -> None:
@@ -148,9 +149,17 @@ class Admission:
             del self._predicted[key]
         return len(self._pending)
 
+    def critical(self, now: float) -> int:
+        """Admitted turns whose reply's first audio is not out yet: users waiting now
+        (an entry expires 2 × ``slo_ms`` after admission, should its end be missed)."""
+        for key in [k for k, exp in self._critical.items() if exp <= now]:
+            del self._critical[key]
+        return len(self._critical)
+
     def observe(self, key: object, actual_ms: float) -> None:
         """The admitted turn ``key`` reached its first audio ``actual_ms`` after its end:
         learn how far off the prediction was (ratio clamped to 0.5..4; unknown keys ignored)."""
+        self._critical.pop(key, None)
         entry = self._predicted.pop(key, None)
         if entry is not None and entry[0] > 0:
             self.correction.add(min(4.0, max(0.5, actual_ms / entry[0])))
@@ -159,6 +168,13 @@ class Admission:
         """The admitted turn ``key`` reached the LLM's queue (or ended without a reply):
         it no longer counts as pending. Idempotent; unknown keys are ignored."""
         self._pending.pop(key, None)
+
+    def forget(self, key: object) -> None:
+        """The admitted turn ``key`` ended without (or after) its reply's first audio:
+        it is neither pending nor critical any more. Idempotent."""
+        self._pending.pop(key, None)
+        self._critical.pop(key, None)
+        self._predicted.pop(key, None)
 
     def predict_ms(self, load: Load, *, spoken: bool, end_silence_ms: float, pending: int = 0) -> float:
         """Predicted time from the end of the user's turn to the reply's first audio (ms).
@@ -201,6 +217,7 @@ class Admission:
             self.refused += refusal is not None
         if refusal is None and key is not None and count:
             self._pending[key] = now + self.cfg.pending_ttl_s
+            self._critical[key] = now + 2 * self.cfg.slo_ms / 1000
             raw = self.predict_ms(load, spoken=spoken, end_silence_ms=end_silence_ms, pending=self.pending(now) - 1)
             self._predicted[key] = (raw, now + 6 * self.cfg.pending_ttl_s)
         return refusal

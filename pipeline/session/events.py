@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from pipeline.worker import BusyReason
 
@@ -52,7 +52,15 @@ class TextInput(_ClientEvent):
     """A typed user turn."""
 
     type: Literal["text.input"]
-    text: str = Field(min_length=1, max_length=MAX_TEXT_CHARS)
+    text: str = Field(min_length=1, max_length=MAX_TEXT_CHARS, json_schema_extra={"pattern": r"\S"},
+                      description="not blank: at least one non-whitespace character")
+
+    @field_validator("text")
+    @classmethod
+    def _not_blank(cls, text: str) -> str:
+        if not text.strip():
+            raise ValueError("text is blank (only whitespace)")
+        return text
 
 
 class ResponseCancel(_ClientEvent):
@@ -78,7 +86,15 @@ CLIENT_EVENTS: tuple[type[BaseModel], ...] = (SessionStart, InputEnd, TextInput,
 
 
 class _ServerEvent(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # The server always sends every field (``type`` included, though it has a default):
+    # the schema of what it sends marks them all required.
+    model_config = ConfigDict(extra="forbid", frozen=True, json_schema_serialization_defaults_required=True)
+
+
+TurnId = Annotated[int, Field(ge=1, description="the turn this event belongs to (1, 2, ... per session)")]
+"""Identifies a user turn within a session: speech (a turn that continues after a short
+pause keeps its id), a ``text.input``, or an ``input.end`` with no speech. Ids count up
+from 1 in the order turns begin; every per-turn server event carries its turn's."""
 
 
 class AudioFormat(BaseModel):
@@ -104,6 +120,7 @@ class SpeechStarted(_ServerEvent):
     """VAD found speech at ``audio_ms`` (position in the session's input stream, ms)."""
 
     type: Literal["speech.started"] = "speech.started"
+    turn_id: TurnId
     audio_ms: int
 
 
@@ -111,6 +128,7 @@ class SpeechStopped(_ServerEvent):
     """The turn's speech ended at ``audio_ms``."""
 
     type: Literal["speech.stopped"] = "speech.stopped"
+    turn_id: TurnId
     audio_ms: int
     reason: Literal["silence", "max_length", "input_end", "restart"]
 
@@ -119,6 +137,7 @@ class TranscriptPartial(_ServerEvent):
     """The transcript so far: ``committed`` never changes, ``unstable`` may."""
 
     type: Literal["transcript.partial"] = "transcript.partial"
+    turn_id: TurnId
     committed: str
     unstable: str
     text: str
@@ -129,6 +148,7 @@ class TranscriptFinal(_ServerEvent):
     """The turn's transcript; ``audio_ms`` is the utterance's length."""
 
     type: Literal["transcript.final"] = "transcript.final"
+    turn_id: TurnId
     text: str
     language: str | None
     audio_ms: int
@@ -138,6 +158,7 @@ class TurnEmpty(_ServerEvent):
     """A turn (or ``input.end``) produced no words: no reply follows."""
 
     type: Literal["turn.empty"] = "turn.empty"
+    turn_id: TurnId
     reason: Literal["no_speech", "no_words", "restart"]
 
 
@@ -187,6 +208,7 @@ class Busy(_ServerEvent):
     reply): try again after ``retry_after_ms``."""
 
     type: Literal["busy"] = "busy"
+    turn_id: TurnId
     reason: BusyReason
     retry_after_ms: int = Field(ge=0, description="when a retry may succeed (ms)")
     message: str

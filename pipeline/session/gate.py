@@ -81,6 +81,12 @@ class TurnGate:
         return None if admission is None else (lambda ms: admission.observe(key, ms))
 
     def release(self, key: object) -> None:
-        """End ``key``'s pending count now (idempotent)."""
+        """``key``'s turn ended without a reply in flight: it is neither pending nor
+        critical any more (idempotent)."""
         if self.admission is not None:
-            self.admission.release(key)
+            self.admission.forget(key)
+
+    def hold(self) -> bool:
+        """Best-effort work (partial transcripts) should wait: admitted turns are waiting
+        for their reply's first audio."""
+        return self.admission is not None and self.admission.critical(time.monotonic()) > 0

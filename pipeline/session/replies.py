@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -26,10 +27,25 @@ from pipeline.worker import Busy
 logger = logging.getLogger(__name__)
 
 
-async def send_busy(out: Outbox, exc: Busy) -> None:
-    """Tell the client its turn was refused (a ``busy`` event, counted by reason)."""
+BUSY_JITTER = 0.25
+"""A ``busy`` event's ``retry_after_ms`` is the refusal's value × uniform(1, 1 + this), so
+the clients refused in one burst do not all retry at the same moment."""
+_jitter = random.Random()
+
+
+def jittered_retry_ms(retry_after_ms: int) -> int:
+    """``retry_after_ms`` spread over [×1, ×(1 + :data:`BUSY_JITTER`)], a whole number of ms,
+    never below the policy's value."""
+    return max(retry_after_ms, round(retry_after_ms * _jitter.uniform(1.0, 1.0 + BUSY_JITTER)))
+
+
+async def send_busy(out: Outbox, exc: Busy, *, turn_id: int) -> None:
+    """Tell the client its turn ``turn_id`` was refused (a ``busy`` event with a jittered
+    ``retry_after_ms``, counted by reason)."""
     metrics.ADMISSIONS.labels("refused", exc.reason).inc()
-    await out.send(ev.Busy(reason=exc.reason, retry_after_ms=exc.retry_after_ms, message=str(exc)))
+    await out.send(ev.Busy(turn_id=turn_id, reason=exc.reason, retry_after_ms=jittered_retry_ms(exc.retry_after_ms),
+                           message=str(exc)))
+
 
 CANCEL_WAIT_S = 2.0
 """Longest wait for a cancelled reply to wind down before the session moves on (s)."""
@@ -37,10 +53,11 @@ CANCEL_WAIT_S = 2.0
 
 @dataclass(slots=True)
 class Reply:
-    """One reply: its responder and the task running it."""
+    """One reply: its responder, the task running it and the turn it answers."""
 
     responder: Responder
     task: asyncio.Task | None = None
+    turn_id: int = 0
 
     @property
     def rid(self) -> int:
@@ -93,23 +110,27 @@ class Replies:
                                on_audio_start=self.turn_state.audio_started, release=release,
                                times=self.times))
 
-    def run(self, reply: Reply, user_text: str, *, t_end: float, asr_ms: float,
+    def run(self, reply: Reply, user_text: str, *, turn_id: int, t_end: float, asr_ms: float,
             on_submit: Callable[[], None] | None = None,
             on_first_audio: Callable[[float], None] | None = None) -> None:
-        """Start ``reply``'s task; ``on_submit`` is called once its LLM request was
-        submitted (or refused), ``on_first_audio`` with its voice-to-voice time (ms)."""
+        """Start ``reply``'s task, answering turn ``turn_id``; ``on_submit`` is called once
+        its LLM request was submitted (or refused), ``on_first_audio`` with its
+        voice-to-voice time (ms)."""
+        reply.turn_id = turn_id
         reply.responder.on_submit = on_submit
         reply.responder.on_first_audio = on_first_audio
         reply.task = self._spawn(self._run(reply, user_text, t_end, asr_ms))
 
-    async def begin(self, user_text: str, *, t_end: float, asr_ms: float,
+    async def begin(self, user_text: str, *, turn_id: int, t_end: float, asr_ms: float,
                     on_submit: Callable[[], None] | None = None,
                     on_first_audio: Callable[[float], None] | None = None) -> None:
-        """Cancel the current reply and answer ``user_text`` with a new current one."""
+        """Cancel the current reply and answer ``user_text`` (turn ``turn_id``) with a new
+        current one."""
         await self.cancel()
         reply = self.new()
         self.turn_state.reply_started()
-        self.run(reply, user_text, t_end=t_end, asr_ms=asr_ms, on_submit=on_submit, on_first_audio=on_first_audio)
+        self.run(reply, user_text, turn_id=turn_id, t_end=t_end, asr_ms=asr_ms, on_submit=on_submit,
+                 on_first_audio=on_first_audio)
         self.current = reply
 
     async def promote(self, reply: Reply) -> None:
@@ -153,7 +174,7 @@ class Replies:
         try:
             await reply.responder.run(user_text, t_end=t_end, asr_ms=asr_ms)
         except Busy as exc:  # raised before response.started: the turn is refused, nothing is open
-            await send_busy(reply.responder.out, exc)
+            await send_busy(reply.responder.out, exc, turn_id=reply.turn_id)
         except asyncio.CancelledError:
             raise
         except Exception as exc:

@@ -141,7 +141,9 @@ class Responder:
             if not speakable(phrase):
                 continue
             try:
-                speech = await self.engines.tts.run(phrase)
+                # a reply's first phrase is what its user waits for; later ones have the
+                # audio already playing as slack: the TTS stage serves first phrases first
+                speech = await self.engines.tts.run(phrase, priority=1 if self.spoken else 0)
             except Exception as exc:  # noqa: BLE001 - skip the phrase, keep speaking
                 await self.error("tts_failed", f"could not speak a phrase: {exc}")
                 continue
@@ -152,30 +154,36 @@ class Responder:
             step = int(self.output_rate * AUDIO_CHUNK_S)
             for i in range(0, len(audio), step):
                 await self._pace()
-                if "first_audio" not in self.timings:
+                first = "first_audio" not in self.timings
+                if first:
                     await self._released()
-                    now = time.perf_counter()
-                    # a speculative reply is measured from its confirmation, not its start
-                    self.timings["first_audio"] = round((now - max(t0, self._t_release)) * 1000, 1)
-                    self.timings["voice_to_voice"] = round((now - t_end) * 1000, 1)
-                    for key, mark in (("first_token_to_audio", self._t_first_token),
-                                      ("first_phrase_to_audio", self._t_first_phrase)):
-                        if mark is not None:
-                            self.timings[key] = round((now - max(mark, self._t_release)) * 1000, 1)
-                    synth_s, audio_s = speech.synth_ms / 1000, len(speech.audio) / speech.sample_rate
-                    self.timings["tts_rtf"] = round(synth_s / audio_s, 3)
-                    if self.times is not None:
-                        self.times.tts_phrase.add(speech.synth_ms)
-                    if self.on_first_audio is not None:
-                        self.on_first_audio(self.timings["voice_to_voice"])
-                    if self.on_audio_start is not None:
-                        self.on_audio_start()
-                    metrics.FIRST_AUDIO.observe(now - max(t0, self._t_release))
-                    metrics.VOICE_TO_VOICE.observe(now - t_end)
-                    self._t_play = now
+                now = time.perf_counter()
                 chunk = audio[i : i + step]
                 await self.out.audio(self.rid, float_to_pcm16(chunk))
                 self.audio_s += len(chunk) / self.output_rate
+                if first:  # counted once the frame went out: a reply cancelled before that is not
+                    self._first_audio(now, t0, t_end, speech)
+
+    def _first_audio(self, now: float, t0: float, t_end: float, speech) -> None:
+        """Record the reply's first audio (sent at ``now``): timings, metrics, callbacks."""
+        # a speculative reply is measured from its confirmation, not its start
+        self.timings["first_audio"] = round((now - max(t0, self._t_release)) * 1000, 1)
+        self.timings["voice_to_voice"] = round((now - t_end) * 1000, 1)
+        for key, mark in (("first_token_to_audio", self._t_first_token),
+                          ("first_phrase_to_audio", self._t_first_phrase)):
+            if mark is not None:
+                self.timings[key] = round((now - max(mark, self._t_release)) * 1000, 1)
+        synth_s, audio_s = speech.synth_ms / 1000, len(speech.audio) / speech.sample_rate
+        self.timings["tts_rtf"] = round(synth_s / audio_s, 3)
+        if self.times is not None:
+            self.times.tts_phrase.add(speech.synth_ms)
+        if self.on_first_audio is not None:
+            self.on_first_audio(self.timings["voice_to_voice"])
+        if self.on_audio_start is not None:
+            self.on_audio_start()
+        metrics.FIRST_AUDIO.observe(now - max(t0, self._t_release))
+        metrics.VOICE_TO_VOICE.observe(now - t_end)
+        self._t_play = now
 
     async def _released(self) -> None:
         """Wait until a speculative reply is confirmed (no-op otherwise)."""

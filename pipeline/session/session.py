@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import weakref
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -74,6 +75,10 @@ class Session:
         self._speech_start = 0  # sample where the speech in progress started
         self._spec: Speculation | None = None  # speculative end of the turn in progress
         self._confirming: Speculation | None = None  # ... handed to the latest turn's task at its end
+        # turn ids (events.TurnId): per session, in the order turns begin
+        self._turn_seq = 0  # the latest id given out
+        self._speech_turn_id = 0  # id of the latest speech turn (its partials carry it)
+        self._turn_ids: weakref.WeakKeyDictionary[AsrTurn, int] = weakref.WeakKeyDictionary()  # speech turns' ids
 
     # ---- client events -------------------------------------------------------------
 
@@ -89,9 +94,11 @@ class Session:
         self._tracker = TurnTracker(self.cfg.turn, self.engines.vad.stream() if vad else AllSpeech())
         self._drop_speculation(reopen=False)
         if self._asr is not None:  # speech in progress: its turn ends here, unanswered
-            await self.out.send(ev.SpeechStopped(audio_ms=int(old_pos * 1000 / RATE), reason="restart"))
+            turn_id = self._turn_id(self._asr)
+            await self.out.send(ev.SpeechStopped(turn_id=turn_id, audio_ms=int(old_pos * 1000 / RATE),
+                                                 reason="restart"))
             self.turn_state.speech_stopped(turn_submitted=False)
-            await self.out.send(ev.TurnEmpty(reason="restart"))
+            await self.out.send(ev.TurnEmpty(turn_id=turn_id, reason="restart"))
         for turn in (self._asr, self._last_asr):
             if turn is not None:
                 turn.close()
@@ -132,20 +139,25 @@ class Session:
         if end is not None:
             await self._end_of_speech(end, t_end=time.perf_counter())
         self._turn_closed = True  # later speech starts a new turn
-        if end is None and not self.turn_state.busy:
-            await self.out.send(ev.TurnEmpty(reason="no_speech"))
+        if end is None and not self.turn_state.busy:  # a turn of its own, with no speech
+            await self.out.send(ev.TurnEmpty(turn_id=self._new_turn_id(), reason="no_speech"))
 
     async def text_input(self, text: str) -> None:
         """Handle ``text.input``: a typed user turn (refused with ``busy`` when admission
-        predicts its reply would miss the SLO; the current reply then goes on)."""
+        predicts its reply would miss the SLO; the current reply then goes on). Blank text
+        is refused with ``error`` ``bad_event`` and starts no turn."""
+        if not text.strip():
+            await self.error("bad_event", "invalid text.input: text is blank (only whitespace)")
+            return
+        turn_id = self._new_turn_id()
         key = object()
         refusal = self.gate.check(spoken=False, since_end_ms=0.0, key=key)
         if refusal is not None:
-            await send_busy(self.out, refusal.as_busy())
+            await send_busy(self.out, refusal.as_busy(), turn_id=turn_id)
             return
         self._drop_speculation()
-        await self.replies.begin(text, t_end=time.perf_counter(), asr_ms=0.0, on_submit=self.gate.releaser(key),
-                                 on_first_audio=self.gate.reporter(key))
+        await self.replies.begin(text, turn_id=turn_id, t_end=time.perf_counter(), asr_ms=0.0,
+                                 on_submit=self.gate.releaser(key), on_first_audio=self.gate.reporter(key))
 
     async def cancel_response(self) -> None:
         """Handle ``response.cancel``: stop the current reply, if any."""
@@ -198,8 +210,11 @@ class Session:
             probs = await asyncio.to_thread(tracker.detect, samples)
         for turn_ev in tracker.endpoint(probs):
             if isinstance(turn_ev, SpeechStart):
-                await self.out.send(ev.SpeechStarted(audio_ms=int(turn_ev.sample * 1000 / RATE)))
+                turn_id = self._speech_turn_id = self._turn_id_at(turn_ev.sample)
+                await self.out.send(ev.SpeechStarted(turn_id=turn_id, audio_ms=int(turn_ev.sample * 1000 / RATE)))
                 await self._start_turn(turn_ev.sample)
+                if self._asr is not None:
+                    self._turn_ids[self._asr] = turn_id
             elif isinstance(turn_ev, SpeechPause):
                 self._speculate(turn_ev.end, t_end=time.perf_counter() - (tracker.pos - turn_ev.end) / RATE)
             elif isinstance(turn_ev, SpeechResume):
@@ -216,6 +231,22 @@ class Session:
         return (last is not None and self._last_asr is not None and not self._turn_closed
                 and start - last[1] <= t.merge_window_ms * RATE / 1000
                 and (start - last[0]) / RATE < t.max_turn_s * 0.8)
+
+    def _new_turn_id(self) -> int:
+        self._turn_seq += 1
+        return self._turn_seq
+
+    def _turn_id_at(self, start: int) -> int:
+        """The id of the turn that speech starting at ``start`` belongs to: the latest
+        turn's if it continues it (see :meth:`_start_turn`), else a new one."""
+        last = self._last_asr
+        if last is not None and last in self._turn_ids and self._continues_last_turn(start):
+            return self._turn_ids[last]
+        return self._new_turn_id()
+
+    def _turn_id(self, turn: AsrTurn) -> int:
+        """The id of speech turn ``turn``."""
+        return self._turn_ids.get(turn, self._speech_turn_id)
 
     async def _start_turn(self, start: int) -> None:
         """Speech started: stream it to the ASR. Speech that resumes soon after the last
@@ -234,13 +265,14 @@ class Session:
         else:
             self._last_turn = (start, start)
             turn = AsrTurn(self.engines.asr, self.cfg.asr, language=self.language,
-                           on_partial=self._on_partial, spawn=self._spawn)
+                           on_partial=self._on_partial, spawn=self._spawn, hold=self.gate.hold)
         self._asr = self._last_asr = turn
         turn.feed(self._tracker.since(start))
 
     async def _on_partial(self, part: Partial) -> None:
-        await self.out.send(ev.TranscriptPartial(committed=part.committed, unstable=part.unstable,
-                                                 text=part.text, language=part.language))
+        # only the latest speech turn's ASR is open (sends partials)
+        await self.out.send(ev.TranscriptPartial(turn_id=self._speech_turn_id, committed=part.committed,
+                                                 unstable=part.unstable, text=part.text, language=part.language))
         await self._maybe_barge_in()
 
     async def _maybe_barge_in(self) -> None:
@@ -259,7 +291,8 @@ class Session:
         self._last_turn = (start, end.end)
         # a turn the client ended (input.end, push-to-talk) is never continued by later speech
         self._turn_closed = end.reason == "input_end"
-        await self.out.send(ev.SpeechStopped(audio_ms=int(end.end * 1000 / RATE), reason=end.reason))
+        turn_id = self._turn_id(turn) if turn is not None else self._speech_turn_id
+        await self.out.send(ev.SpeechStopped(turn_id=turn_id, audio_ms=int(end.end * 1000 / RATE), reason=end.reason))
         spec = self._spec
         speculated = spec is not None and spec.turn is turn and spec.resp is not None
         refusal = None
@@ -270,7 +303,7 @@ class Session:
         if turn is not None and refusal is not None:
             self._refuse_turn(turn)
             self.turn_state.speech_stopped(turn_submitted=False)
-            await send_busy(self.out, refusal.as_busy())
+            await send_busy(self.out, refusal.as_busy(), turn_id=turn_id)
             return
         self.turn_state.speech_stopped(turn_submitted=turn is not None)
         if turn is None:
@@ -316,14 +349,14 @@ class Session:
         try:
             result = await turn.finish()
         except Busy as exc:
-            await send_busy(self.out, exc)
+            await send_busy(self.out, exc, turn_id=self._turn_id(turn))
             return
         except Exception as exc:
             logger.exception("session %s: ASR failed", self.id)
             await self.error("asr_failed", f"transcription failed: {exc}")
             return
         if await self._final_transcript(turn, result):
-            await self.replies.begin(result.text, t_end=t_end, asr_ms=turn.last_decode_ms,
+            await self.replies.begin(result.text, turn_id=self._turn_id(turn), t_end=t_end, asr_ms=turn.last_decode_ms,
                                      on_submit=self.gate.releaser(turn), on_first_audio=self.gate.reporter(turn))
 
     async def _final_transcript(self, turn: AsrTurn, result: Partial) -> bool:
@@ -334,9 +367,9 @@ class Session:
             metrics.ASR_RTF.observe(turn.decode_ms / 1000 / audio_s)
         if not result.text:
             self.turn_state.turn_empty()
-            await self.out.send(ev.TurnEmpty(reason="no_words"))
+            await self.out.send(ev.TurnEmpty(turn_id=self._turn_id(turn), reason="no_words"))
             return False
-        await self.out.send(ev.TranscriptFinal(text=result.text, language=result.language,
+        await self.out.send(ev.TranscriptFinal(turn_id=self._turn_id(turn), text=result.text, language=result.language,
                                                audio_ms=int(audio_s * 1000)))
         return True
 
@@ -367,7 +400,8 @@ class Session:
         text = spec.peek[0].text if spec.peek is not None else ""
         if text:
             spec.resp = self.replies.new(out=spec.outbox, release=spec.outbox.released)
-            self.replies.run(spec.resp, text, t_end=spec.t_end, asr_ms=spec.turn.last_decode_ms)
+            self.replies.run(spec.resp, text, turn_id=self._turn_id(spec.turn), t_end=spec.t_end,
+                             asr_ms=spec.turn.last_decode_ms)
 
     def _drop_speculation(self, *, reopen: bool = True) -> None:
         """The user went on speaking (or the session changed): discard the speculation."""
