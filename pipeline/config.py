@@ -67,7 +67,7 @@ class AsrConfig:
         min_chunk_ms: a session's buffer is re-decoded after this much new audio (1000 ms).
         partial_hold_max_ms: while other turns wait for their reply's first audio, a
             session's partial updates are put off, at most this long since its last
-            one (2000 ms; see :mod:`pipeline.asr.turn`).
+            one (3000 ms; see :mod:`pipeline.asr.turn`).
         pad_s: silence after the audio in the encoder window (3 s; less made Whisper loop).
         bucket_s: encoder windows are multiples of this (5 s), so requests of similar
             length share a batch.
@@ -91,7 +91,7 @@ class AsrConfig:
     max_wait_ms: float = 20.0
     encoder_batch: int = 0
     min_chunk_ms: int = 1000
-    partial_hold_max_ms: int = 2000
+    partial_hold_max_ms: int = 3000
     pad_s: float = 3.0
     bucket_s: float = 5.0
     trim_s: float = 8.0
@@ -207,6 +207,12 @@ class AdmissionConfig:
             complete (moving averages).
         pending_ttl_s: an admitted turn counts as queued for the LLM until its request is
             submitted, or at most this long (10 s; a safety net, should a release be missed).
+        correction_quantile: the prediction is scaled by this quantile of the recent
+            actual ÷ predicted ratios (0.9: aim at the tail, not the mean).
+        initial_limit, max_limit: the concurrency limit — admitted turns waiting for their
+            first audio at once — starts at ``initial_limit`` (4) and adapts (AIMD, see
+            :mod:`pipeline.serving.admission`) up to ``max_limit`` (64).
+        limit_backoff: factor applied to the limit when an admitted turn misses the SLO (0.75).
     """
 
     enabled: bool = True
@@ -218,6 +224,10 @@ class AdmissionConfig:
     prior_tts_ms: float = 150.0
     prior_reply_tokens: float = 30.0
     pending_ttl_s: float = 10.0
+    correction_quantile: float = 0.9
+    initial_limit: float = 4.0
+    max_limit: float = 64.0
+    limit_backoff: float = 0.75
 
 
 @dataclass(slots=True, kw_only=True)

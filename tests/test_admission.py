@@ -79,7 +79,55 @@ def test_a_burst_of_turns_ending_together_counts_the_ones_admitted_before_it():
     for k in admitted:
         a.release(k)
     assert a.pending(0.0) == 0
-    assert a.decide(IDLE, spoken=False, end_silence_ms=0, kv_tokens=1, now=0.0) is None
+    assert a.critical(0.0) == len(admitted)  # queued for the LLM, but their users still wait
+    for k in admitted:
+        a.observe(k, 800.0, now=0.5)  # first audio, within the SLO
+    assert a.critical(0.5) == 0
+    assert a.decide(IDLE, spoken=False, end_silence_ms=0, kv_tokens=1, now=0.5) is None
+
+
+def test_the_concurrency_limit_shrinks_on_a_miss_and_grows_back_on_hits():
+    a = policy(slo_ms=2000, initial_limit=4.0, limit_backoff=0.5)
+    busy = Load(llm_running=1)  # not idle
+    keys = [object() for _ in range(4)]
+    for k in keys:
+        assert a.decide(busy, spoken=False, end_silence_ms=0, kv_tokens=1, now=0.0, key=k) is None
+    refusal = a.decide(busy, spoken=False, end_silence_ms=0, kv_tokens=1, now=0.0)
+    assert refusal is not None and "limit 4" in refusal.message  # 4 users already wait
+    a.observe(keys[0], 3000.0, now=1.0)  # a miss: 4 → 2
+    a.observe(keys[1], 3000.0, now=1.5)  # another miss within the same SLO period: no second cut
+    assert a.limit == 2.0
+    assert a.decide(busy, spoken=False, end_silence_ms=0, kv_tokens=1, now=1.5) is not None  # 2 wait, limit 2
+    a.observe(keys[2], 900.0, now=2.0)  # a hit: +1/limit
+    assert a.limit == 2.5
+    a.observe(keys[3], 900.0, now=2.0)
+    for i in range(20):
+        k = f"hit{i}"
+        assert a.decide(IDLE, spoken=False, end_silence_ms=0, kv_tokens=1, now=20.0, key=k) is None
+        a.release(k)
+        a.observe(k, 900.0, now=20.0)
+    assert 6.0 < a.limit < 8.0  # additive increase: about +1 per limit's worth of hits
+    for i in range(60):  # misses far apart: the limit halves each time, never below 1
+        k = f"miss{i}"
+        assert a.decide(IDLE, spoken=False, end_silence_ms=0, kv_tokens=1, now=30.0 + 3 * i, key=k) is None
+        a.release(k)
+        a.observe(k, 5000.0, now=30.0 + 3 * i)
+    assert a.limit == 1.0
+    assert a.decide(IDLE, spoken=False, end_silence_ms=0, kv_tokens=1, now=500.0) is None  # idle: admitted
+
+
+def test_the_correction_is_a_high_quantile_of_the_ratios():
+    from pipeline.serving.admission import RatioQuantile
+
+    r = RatioQuantile(q=0.9)
+    assert r.value == 1.0
+    r.add(2.0)
+    r.add(float("nan"))
+    r.add(-1.0)
+    assert r.value == 2.0  # a mean until enough are known; bad samples ignored
+    for i in range(100):
+        r.add(1.0 + (i % 10) / 10)  # 1.0 .. 1.9, evenly
+    assert r.value == 1.9  # the tail, not the mean (1.45)
 
 
 def test_a_pending_turn_that_is_never_released_expires():

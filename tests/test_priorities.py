@@ -189,5 +189,11 @@ def test_admission_counts_users_waiting_for_their_first_audio():
     adm.forget(b)  # ended without a reply
     assert adm.critical(0.2) == 1
     assert adm.critical(2 * 2.0 + 0.01) == 0  # an entry whose end was missed expires
-    adm.decide(Load(), spoken=True, end_silence_ms=500, kv_tokens=10, now=10.0, count=False, key=object())
-    assert adm.critical(10.0) == 0  # a look-ahead admits nobody
+    adm.decide(Load(), spoken=True, end_silence_ms=500, kv_tokens=10, now=10.0, count=False)
+    assert adm.critical(10.0) == 0  # a look-ahead without a key holds no place
+    spec = object()
+    admitted = adm.admitted
+    adm.decide(Load(), spoken=True, end_silence_ms=500, kv_tokens=10, now=10.0, count=False, key=spec)
+    assert adm.critical(10.0) == 1 and adm.admitted == admitted  # a speculation holds one, uncounted
+    adm.forget(spec)  # dropped (the user went on speaking)
+    assert adm.critical(10.0) == 0 and adm.pending(10.0) == 0

@@ -20,21 +20,31 @@ predicts slower tokens. ``llm_waiting`` also counts the turns admitted but not y
 submitted to the LLM (their final transcript is still being decoded): without them, a
 burst of turns ending together would all see an empty queue and all be admitted.
 
-The sum is scaled by a learned ``correction`` (a moving average of actual ÷ predicted
-voice-to-voice of admitted turns, reported at their first audio): on a 2-core CPU the
-stages mostly slow each other down (contention) rather than queue, which the sum alone
-underestimates. A turn whose corrected prediction exceeds ``slo_ms`` gets ``busy`` with
-reason ``queue`` and ``retry_after_ms`` ≈ the excess — unless the server is idle (no
-reply in flight, nothing queued): refusing that turn could not make anyone faster; on a
-slow machine the SLO is then missed by the machine, not by load. One that would
-overflow the LLM's KV budget gets reason ``memory``. This is the admission-control remedy
-of the design article (DESIGN.md §5): refuse early, before work is spent, rather than
-queue into tens of seconds.
+The sum is scaled by a learned ``correction``: the ``correction_quantile`` (0.9) of the
+recent actual ÷ predicted voice-to-voice ratios of admitted turns (reported at their first
+audio; a mean until 8 are known). On a 2-core CPU the stages mostly slow each other down
+(contention) rather than queue, which the sum alone underestimates, and the SLO is about
+the tail, so the quantile, not the mean. A turn whose corrected prediction exceeds
+``slo_ms`` gets ``busy`` with reason ``queue`` and ``retry_after_ms`` ≈ the excess.
+
+A prediction from the queues now cannot see the turns admitted a moment later, which
+will compete for the same cores. So admission also keeps a **concurrency limit**: at
+most ``limit`` admitted turns may be waiting for their first audio at once. The limit
+adapts by AIMD, as TCP's congestion window and Netflix's concurrency-limits do: an
+admitted turn that misses the SLO multiplies it by ``limit_backoff`` (at most once per
+SLO period), one that meets it adds ``1 / limit`` (about +1 per limit's worth of turns).
+
+Neither rule refuses a turn while the server is idle (no reply in flight, nothing
+queued): refusing it could not make anyone faster; on a slow machine the SLO is then
+missed by the machine, not by load. A turn that would overflow the LLM's KV budget gets
+reason ``memory``. This is the admission-control remedy of the design article
+(DESIGN.md §5): refuse early, before work is spent, rather than queue into tens of seconds.
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass, field
 
 from pipeline.config import AdmissionConfig
@@ -86,6 +96,38 @@ class Ewma:
 
 
 @dataclass(slots=True)
+class RatioQuantile:
+    """A quantile of the last ``window`` samples (a mean until ``min_samples`` are known;
+    ``1.0`` before any).
+
+    Attributes:
+        q: the quantile (0..1). value: the current estimate.
+    """
+
+    q: float = 0.9
+    window: int = 64
+    min_samples: int = 8
+    _xs: deque[float] = field(default_factory=deque)
+
+    def add(self, sample: float) -> None:
+        """Fold in one finite, positive sample (others are ignored)."""
+        if math.isfinite(sample) and sample > 0:
+            self._xs.append(sample)
+            while len(self._xs) > self.window:
+                self._xs.popleft()
+
+    @property
+    def value(self) -> float:
+        xs = self._xs
+        if not xs:
+            return 1.0
+        if len(xs) < self.min_samples:
+            return sum(xs) / len(xs)
+        ordered = sorted(xs)
+        return ordered[min(len(ordered) - 1, int(self.q * len(ordered)))]
+
+
+@dataclass(slots=True)
 class ServiceTimes:
     """Moving estimates of the service times the prediction uses (ms unless noted),
     seeded with the priors of :class:`~pipeline.config.AdmissionConfig`.
@@ -133,13 +175,17 @@ class Admission:
     times: ServiceTimes = field(init=False)
     admitted: int = 0
     refused: int = 0
-    correction: Ewma = field(default_factory=lambda: Ewma(1.0, alpha=0.1))
+    correction: RatioQuantile = field(init=False)
+    limit: float = field(init=False)  # admitted turns waiting for their first audio, at most
+    _last_backoff: float = -math.inf  # when the limit last shrank (s)
     _pending: dict[object, float] = field(default_factory=dict)  # admitted turn → expiry (s)
     _critical: dict[object, float] = field(default_factory=dict)  # admitted, first audio not out → expiry
     _predicted: dict[object, tuple[float, float]] = field(default_factory=dict)  # turn → (raw ms, expiry)
 
     def __post_init__(self) -> None:
         self.times = ServiceTimes.from_config(self.cfg)
+        self.correction = RatioQuantile(q=self.cfg.correction_quantile)
+        self.limit = self.cfg.initial_limit
 
     def pending(self, now: float) -> int:
         """Admitted turns not yet submitted to the LLM (expired entries dropped)."""
@@ -156,13 +202,23 @@ class Admission:
             del self._critical[key]
         return len(self._critical)
 
-    def observe(self, key: object, actual_ms: float) -> None:
-        """The admitted turn ``key`` reached its first audio ``actual_ms`` after its end:
-        learn how far off the prediction was (ratio clamped to 0.5..4; unknown keys ignored)."""
+    def observe(self, key: object, actual_ms: float, now: float = 0.0) -> None:
+        """The admitted turn ``key`` reached its first audio ``actual_ms`` after its end
+        (at ``now``, monotonic s): learn how far off the prediction was (ratio clamped to
+        0.5..4) and adapt the concurrency limit. Unknown keys are ignored."""
         self._critical.pop(key, None)
         entry = self._predicted.pop(key, None)
-        if entry is not None and entry[0] > 0:
+        if entry is None:
+            return
+        if entry[0] > 0:
             self.correction.add(min(4.0, max(0.5, actual_ms / entry[0])))
+        c = self.cfg
+        if actual_ms > c.slo_ms:
+            if now - self._last_backoff >= c.slo_ms / 1000:  # one backoff per SLO period
+                self.limit = max(1.0, self.limit * c.limit_backoff)
+                self._last_backoff = now
+        else:
+            self.limit = min(c.max_limit, self.limit + 1.0 / self.limit)
 
     def release(self, key: object) -> None:
         """The admitted turn ``key`` reached the LLM's queue (or ended without a reply):
@@ -201,7 +257,9 @@ class Admission:
         """Admit (None) or refuse (a :class:`Refusal`) a turn; counts both unless ``count``
         is False (a look-ahead, e.g. whether to start a speculation). An admitted turn with
         a ``key`` counts as pending (queued for the LLM) until :meth:`release` or
-        ``pending_ttl_s`` after ``now``.
+        ``pending_ttl_s`` after ``now``, and as critical (waiting for its first audio)
+        until :meth:`observe` or :meth:`forget` — also when not counted: a speculation
+        holds its place while it runs.
 
         Args:
             load: the stages now.
@@ -211,11 +269,11 @@ class Admission:
                 prompt budget + max new tokens: known without tokenizing anything).
             now: a monotonic clock (s), for pending turns' expiry.
         """
-        refusal = self._refusal(load, spoken, end_silence_ms, kv_tokens, self.pending(now))
+        refusal = self._refusal(load, spoken, end_silence_ms, kv_tokens, self.pending(now), self.critical(now))
         if count:
             self.admitted += refusal is None
             self.refused += refusal is not None
-        if refusal is None and key is not None and count:
+        if refusal is None and key is not None:  # (a speculation reserves its place uncounted)
             self._pending[key] = now + self.cfg.pending_ttl_s
             self._critical[key] = now + 2 * self.cfg.slo_ms / 1000
             raw = self.predict_ms(load, spoken=spoken, end_silence_ms=end_silence_ms, pending=self.pending(now) - 1)
@@ -223,13 +281,14 @@ class Admission:
         return refusal
 
     def _refusal(self, load: Load, spoken: bool, end_silence_ms: float, kv_tokens: int,
-                 pending: int) -> Refusal | None:
+                 pending: int, critical: int) -> Refusal | None:
         if not self.cfg.enabled:
             return None
         refusal: Refusal | None = None
         predicted = self.correction.value * self.predict_ms(load, spoken=spoken, end_silence_ms=end_silence_ms,
                                                             pending=pending)
-        idle = not (load.asr_waiting or load.tts_waiting or load.llm_waiting or pending or load.llm_running)
+        idle = not (load.asr_waiting or load.tts_waiting or load.llm_waiting or pending or load.llm_running
+                    or critical)
         if load.kv_reserved + kv_tokens > load.kv_budget and load.llm_running > 0:
             hold = self.times.reply_tokens.value * (load.llm_step_ms or self.times.llm_step.value)
             refusal = Refusal("memory", _retry(hold), predicted,
@@ -237,6 +296,9 @@ class Admission:
         elif predicted > self.cfg.slo_ms and not idle:
             refusal = Refusal("queue", _retry(predicted - self.cfg.slo_ms), predicted,
                               f"a reply now would take ~{predicted:.0f} ms, over the {self.cfg.slo_ms:.0f} ms SLO")
+        elif critical >= int(self.limit) and not idle:
+            refusal = Refusal("queue", _retry(predicted / 2), predicted,
+                              f"{critical} turns are already waiting for their reply (limit {int(self.limit)})")
         return refusal
 
 

@@ -78,7 +78,7 @@ class TurnGate:
         """A callback taking ``key``'s actual voice-to-voice (ms) at its first audio, from
         which admission learns its prediction's error (None without admission)."""
         admission = self.admission
-        return None if admission is None else (lambda ms: admission.observe(key, ms))
+        return None if admission is None else (lambda ms: admission.observe(key, ms, time.monotonic()))
 
     def release(self, key: object) -> None:
         """``key``'s turn ended without a reply in flight: it is neither pending nor

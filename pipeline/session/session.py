@@ -265,9 +265,15 @@ class Session:
         else:
             self._last_turn = (start, start)
             turn = AsrTurn(self.engines.asr, self.cfg.asr, language=self.language,
-                           on_partial=self._on_partial, spawn=self._spawn, hold=self.gate.hold)
+                           on_partial=self._on_partial, spawn=self._spawn, hold=self._hold_partials)
         self._asr = self._last_asr = turn
         turn.feed(self._tracker.since(start))
+
+    def _hold_partials(self) -> bool:
+        """Put this session's partial transcripts off while other users wait for their
+        reply's first audio — unless this speech is over a reply (a barge-in candidate:
+        only a partial with words can confirm it)."""
+        return not self.turn_state.interrupting and self.gate.hold()
 
     async def _on_partial(self, part: Partial) -> None:
         # only the latest speech turn's ASR is open (sends partials)
@@ -382,8 +388,9 @@ class Session:
         if turn is None or self._spec is not None or not self.turn_state.may_speculate:
             return
         since_end_ms = (time.perf_counter() - t_end) * 1000 + self.cfg.turn.end_silence_ms - self.cfg.turn.early_end_ms
-        if self.gate.check(spoken=True, since_end_ms=since_end_ms, count=False) is not None:
+        if self.gate.check(spoken=True, since_end_ms=since_end_ms, key=turn, count=False) is not None:
             return  # the turn's end will be refused: spend nothing on it now
+        # admitted uncounted: the speculation holds its place (pending, critical) while it runs
         spec = Speculation(turn=turn, outbox=HeldOutbox(self.out), t_end=t_end)
         # decode what the final would: the speech and pad_ms after it, not the pause
         spec.task = self._spawn(self._run_speculation(spec, self._tracker.tail_after(speech_end)))
@@ -401,7 +408,8 @@ class Session:
         if text:
             spec.resp = self.replies.new(out=spec.outbox, release=spec.outbox.released)
             self.replies.run(spec.resp, text, turn_id=self._turn_id(spec.turn), t_end=spec.t_end,
-                             asr_ms=spec.turn.last_decode_ms)
+                             asr_ms=spec.turn.last_decode_ms, on_submit=self.gate.releaser(spec.turn),
+                             on_first_audio=self.gate.reporter(spec.turn))
 
     def _drop_speculation(self, *, reopen: bool = True) -> None:
         """The user went on speaking (or the session changed): discard the speculation."""
@@ -409,6 +417,7 @@ class Session:
         if spec is not None:
             metrics.SPECULATIONS.labels("dropped").inc()
             spec.drop()
+            self.gate.release(spec.turn)  # its place in admission's count goes back
             if reopen and spec.turn is self._asr:
                 spec.turn.reopen()
 
