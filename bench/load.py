@@ -186,6 +186,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--serve-args", default="", help="extra 'voxpipe serve' options")
     p.add_argument("--audio-dir", default=str(Path(__file__).resolve().parent.parent / "tests" / "data" / "audio"))
+    p.add_argument("--server-log", default=None, help="write the server's INFO log to this file")
     p.add_argument("--json", action="store_true")
 
 
@@ -194,7 +195,8 @@ def main(args) -> int:
 
     clips = _clips(Path(args.audio_dir))
     port = _free_port()
-    proc = _start_server(args.llm, port, ["--slo-ms", str(args.slo_ms), *args.serve_args.split()])
+    proc = _start_server(args.llm, port, ["--slo-ms", str(args.slo_ms), *args.serve_args.split()],
+                         log=args.server_log)
     url, http = f"ws://127.0.0.1:{port}/ws", f"http://127.0.0.1:{port}"
     sweep: list[RateRow] = []
     rows: list[tuple[str, RateRow]] = []

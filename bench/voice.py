@@ -27,9 +27,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start_server(llm: str, port: int, extra: list[str]) -> subprocess.Popen:
+def _start_server(llm: str, port: int, extra: list[str], log: str | None = None) -> subprocess.Popen:
+    """Start ``voxpipe serve`` and wait for /healthz; ``log``: a file for its INFO log
+    (None: WARNING and up, discarded)."""
+    sink = open(log, "w") if log else subprocess.DEVNULL
     proc = subprocess.Popen([sys.executable, "-m", "cli", "serve", "--llm", llm, "--port", str(port),
-                             "--log-level", "WARNING", *extra], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                             "--log-level", "INFO" if log else "WARNING", *extra],
+                            stdout=subprocess.DEVNULL, stderr=sink)
     deadline = time.time() + 600
     while time.time() < deadline:
         if proc.poll() is not None:

@@ -63,6 +63,9 @@ class VoxpipeServer:
             write_limit=256 * 1024,
             ping_interval=20,
             ping_timeout=20,
+            # no permessage-deflate: PCM barely compresses, and deflating every audio frame
+            # of every session costs the event loop (and the client) CPU for nothing
+            compression=None,
         )
 
     # ---- HTTP --------------------------------------------------------------------

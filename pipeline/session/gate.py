@@ -78,7 +78,14 @@ class TurnGate:
         """A callback taking ``key``'s actual voice-to-voice (ms) at its first audio, from
         which admission learns its prediction's error (None without admission)."""
         admission = self.admission
-        return None if admission is None else (lambda ms: admission.observe(key, ms, time.monotonic()))
+        if admission is None:
+            return None
+
+        def report(ms: float) -> None:
+            admission.observe(key, ms, time.monotonic())
+            logger.info("session %s: first audio %.0f ms after the end of speech (admission: limit %.1f, "
+                        "correction %.2f)", self.id, ms, admission.limit, admission.correction.value)
+        return report
 
     def release(self, key: object) -> None:
         """``key``'s turn ended without a reply in flight: it is neither pending nor
