@@ -42,9 +42,10 @@ class Engines:
     def load(self, cfg: VoxpipeConfig) -> Load:
         """A snapshot of the stages' queues for admission (:mod:`pipeline.serving.admission`)."""
         llm = self.llm
-        return Load(asr_waiting=self.asr.depth, asr_batch=cfg.asr.max_batch_size, llm_waiting=llm.depth,
+        # partial transcripts and later phrases wait behind urgent work: they don't delay a turn
+        return Load(asr_waiting=self.asr.urgent_depth, asr_batch=cfg.asr.max_batch_size, llm_waiting=llm.depth,
                     llm_running=llm.active, llm_slots=llm.slots, kv_reserved=llm.kv_reserved,
-                    kv_budget=llm.kv_budget, llm_step_ms=llm.step_ms, tts_waiting=self.tts.depth,
+                    kv_budget=llm.kv_budget, llm_step_ms=llm.step_ms, tts_waiting=self.tts.urgent_depth,
                     tts_workers=cfg.tts.workers)
 
     def start(self) -> None:

@@ -44,6 +44,12 @@ class Stage(Protocol):
         """Requests waiting in the stage's queue."""
         ...
 
+    @property
+    def urgent_depth(self) -> int:
+        """Requests waiting at the most urgent priority (0): what a latency-critical
+        request (a final transcript, a reply's first phrase) queues behind."""
+        ...
+
     def start(self) -> None:
         """Start the stage's workers (idempotent)."""
         ...

@@ -114,6 +114,12 @@ class BatchWorker(Generic[In, Out]):
         """Items waiting in the queue."""
         return self._queue.qsize()
 
+    @property
+    def urgent_depth(self) -> int:
+        """Items waiting at priority 0 (what an urgent item queues behind)."""
+        with self._queue.mutex:  # the heap is read under the queue's own lock
+            return sum(1 for job in self._queue.queue if job.priority == 0 and job.future is not None)
+
     def submit(self, item: In, *, priority: int | None = None) -> asyncio.Future[Out]:
         """Queue ``item`` (``priority``: 0 = most urgent; None: :meth:`priority` decides);
         returns a future resolved with its result on this loop.

@@ -103,6 +103,7 @@ class ScriptedVadStream:
 
 class _Stage:
     depth = 0
+    urgent_depth = 0
 
     def start(self) -> None:
         pass

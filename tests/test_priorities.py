@@ -197,3 +197,28 @@ def test_admission_counts_users_waiting_for_their_first_audio():
     assert adm.critical(10.0) == 1 and adm.admitted == admitted  # a speculation holds one, uncounted
     adm.forget(spec)  # dropped (the user went on speaking)
     assert adm.critical(10.0) == 0 and adm.pending(10.0) == 0
+
+
+def test_only_urgent_work_counts_as_what_an_urgent_item_waits_behind():
+    w = Recorder()
+
+    async def main() -> tuple[int, int]:
+        w.submit("partial-a")
+        w.submit("partial-b")
+        w.submit("urgent-c")
+        return w.depth, w.urgent_depth
+
+    assert asyncio.run(main()) == (3, 1)
+
+
+def test_the_silence_already_gone_is_not_scaled_by_the_correction():
+    a = Admission(AdmissionConfig(slo_ms=2000))
+    for i in range(20):  # every turn's service took twice its prediction
+        k = f"k{i}"
+        a.decide(Load(), spoken=True, end_silence_ms=500, kv_tokens=1, now=0.0, key=k)
+        service = a.predict_ms(Load(), spoken=True, end_silence_ms=500) - 500
+        a.release(k)
+        a.observe(k, 500 + 2 * service, now=0.0)
+    raw = a.predict_ms(Load(), spoken=True, end_silence_ms=500)
+    assert abs(a.correction.value - 2.0) < 1e-9
+    assert abs(a.corrected_ms(Load(), spoken=True, end_silence_ms=500) - (500 + 2 * (raw - 500))) < 1e-6

@@ -95,6 +95,11 @@ class LlmEngine:
         return self._inbox.qsize() + len(self.scheduler.waiting)
 
     @property
+    def urgent_depth(self) -> int:
+        """Every LLM request is a reply someone waits for: :attr:`depth`."""
+        return self.depth
+
+    @property
     def active(self) -> int:
         """Requests in the batch right now (decoding, or prefilling their prompt)."""
         return len(self.scheduler.running) + len(self.scheduler.prefilling)

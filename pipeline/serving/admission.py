@@ -20,9 +20,12 @@ predicts slower tokens. ``llm_waiting`` also counts the turns admitted but not y
 submitted to the LLM (their final transcript is still being decoded): without them, a
 burst of turns ending together would all see an empty queue and all be admitted.
 
-The sum is scaled by a learned ``correction``: the ``correction_quantile`` (0.9) of the
-recent actual ÷ predicted voice-to-voice ratios of admitted turns (reported at their first
-audio; a mean until 8 are known). On a 2-core CPU the stages mostly slow each other down
+The sum but its silence (already gone: a fact, not an estimate) is scaled by a learned
+``correction``: the ``correction_quantile`` (0.9) of the recent actual ÷ predicted ratios
+of admitted turns' service times (end of turn → first audio, reported at their first
+audio; a mean until 8 are known). Partial transcripts and later phrases of replies do
+not count as waiting work: the stages serve a turn's final transcript and first phrase
+before them (:meth:`~pipeline.worker.BatchWorker.priority`). On a 2-core CPU the stages mostly slow each other down
 (contention) rather than queue, which the sum alone underestimates, and the SLO is about
 the tail, so the quantile, not the mean. A turn whose corrected prediction exceeds
 ``slo_ms`` gets ``busy`` with reason ``queue`` and ``retry_after_ms`` ≈ the excess.
@@ -180,7 +183,8 @@ class Admission:
     _last_backoff: float = -math.inf  # when the limit last shrank (s)
     _pending: dict[object, float] = field(default_factory=dict)  # admitted turn → expiry (s)
     _critical: dict[object, float] = field(default_factory=dict)  # admitted, first audio not out → expiry
-    _predicted: dict[object, tuple[float, float]] = field(default_factory=dict)  # turn → (raw ms, expiry)
+    # admitted turn → (predicted service ms, the silence already gone ms, expiry s)
+    _predicted: dict[object, tuple[float, float, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.times = ServiceTimes.from_config(self.cfg)
@@ -191,7 +195,7 @@ class Admission:
         """Admitted turns not yet submitted to the LLM (expired entries dropped)."""
         for key in [k for k, exp in self._pending.items() if exp <= now]:
             del self._pending[key]
-        for key in [k for k, (_, exp) in self._predicted.items() if exp <= now]:
+        for key in [k for k, (_, _, exp) in self._predicted.items() if exp <= now]:
             del self._predicted[key]
         return len(self._pending)
 
@@ -210,8 +214,9 @@ class Admission:
         entry = self._predicted.pop(key, None)
         if entry is None:
             return
-        if entry[0] > 0:
-            self.correction.add(min(4.0, max(0.5, actual_ms / entry[0])))
+        service, silence, _ = entry
+        if service > 0:
+            self.correction.add(min(4.0, max(0.5, (actual_ms - silence) / service)))
         c = self.cfg
         if actual_ms > c.slo_ms:
             if now - self._last_backoff >= c.slo_ms / 1000:  # one backoff per SLO period
@@ -252,6 +257,13 @@ class Admission:
         ms += t.tts_phrase.value * (1 + load.tts_waiting // max(1, load.tts_workers))
         return ms
 
+    def corrected_ms(self, load: Load, *, spoken: bool, end_silence_ms: float, pending: int = 0) -> float:
+        """:meth:`predict_ms` with its service part (all but the silence already gone,
+        which is a fact, not an estimate) scaled by the learned ``correction``."""
+        silence = end_silence_ms if spoken else 0.0
+        raw = self.predict_ms(load, spoken=spoken, end_silence_ms=end_silence_ms, pending=pending)
+        return silence + self.correction.value * (raw - silence)
+
     def decide(self, load: Load, *, spoken: bool, end_silence_ms: float, kv_tokens: int, now: float,
                key: object = None, count: bool = True) -> Refusal | None:
         """Admit (None) or refuse (a :class:`Refusal`) a turn; counts both unless ``count``
@@ -276,8 +288,9 @@ class Admission:
         if refusal is None and key is not None:  # (a speculation reserves its place uncounted)
             self._pending[key] = now + self.cfg.pending_ttl_s
             self._critical[key] = now + 2 * self.cfg.slo_ms / 1000
+            silence = end_silence_ms if spoken else 0.0
             raw = self.predict_ms(load, spoken=spoken, end_silence_ms=end_silence_ms, pending=self.pending(now) - 1)
-            self._predicted[key] = (raw, now + 6 * self.cfg.pending_ttl_s)
+            self._predicted[key] = (raw - silence, silence, now + 6 * self.cfg.pending_ttl_s)
         return refusal
 
     def _refusal(self, load: Load, spoken: bool, end_silence_ms: float, kv_tokens: int,
@@ -285,8 +298,7 @@ class Admission:
         if not self.cfg.enabled:
             return None
         refusal: Refusal | None = None
-        predicted = self.correction.value * self.predict_ms(load, spoken=spoken, end_silence_ms=end_silence_ms,
-                                                            pending=pending)
+        predicted = self.corrected_ms(load, spoken=spoken, end_silence_ms=end_silence_ms, pending=pending)
         idle = not (load.asr_waiting or load.tts_waiting or load.llm_waiting or pending or load.llm_running
                     or critical)
         if load.kv_reserved + kv_tokens > load.kv_budget and load.llm_running > 0:

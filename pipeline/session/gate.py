@@ -54,8 +54,7 @@ class TurnGate:
         refusal = admission.decide(load, spoken=spoken, end_silence_ms=since_end_ms,
                                    kv_tokens=self.cfg.llm.max_context_tokens, now=now, key=key, count=count)
         if count:
-            predicted = admission.correction.value * admission.predict_ms(
-                load, spoken=spoken, end_silence_ms=since_end_ms, pending=pending)
+            predicted = admission.corrected_ms(load, spoken=spoken, end_silence_ms=since_end_ms, pending=pending)
             metrics.PREDICTED.observe(predicted / 1000)
             if refusal is None:
                 metrics.ADMISSIONS.labels("admitted", "").inc()
