@@ -51,7 +51,9 @@ class RateRow:
     turns: list[Turn] = field(default_factory=list)
     seconds: float = 0.0
     peak_rss_mb: float = 0.0
+    end_rss_mb: float = 0.0
     counters_match: bool = True
+    client_lag_ms: list[float] = field(default_factory=list)  # the bench's own event-loop lag samples
 
     def within(self, slo_ms: float) -> list[Turn]:
         return [t for t in self.turns if t.outcome == "answered" and t.voice_to_voice is not None
@@ -124,6 +126,7 @@ async def run_rate(url: str, http: str, pid: int, clips: list[Path], rate: float
     rng = random.Random(args.seed)
     row = RateRow(rate)
     before = await asyncio.to_thread(admissions, http)
+    probe = asyncio.create_task(_probe_lag(row.client_lag_ms))  # is the load generator itself late?
     t0 = time.perf_counter()
     tasks = []
     for at in arrivals(rate, args.duration, bursty=args.bursty, rng=rng):
@@ -138,6 +141,8 @@ async def run_rate(url: str, http: str, pid: int, clips: list[Path], rate: float
         row.peak_rss_mb = max(row.peak_rss_mb, rss_mb(pid))
     row.turns = [t.result() for t in tasks]
     row.offered, row.seconds = len(tasks), time.perf_counter() - t0
+    row.end_rss_mb = rss_mb(pid)
+    probe.cancel()
     after = await asyncio.to_thread(admissions, http)
     delta = {k: v - before.get(k, 0.0) for k, v in after.items()}
     refused = row.refused()
@@ -146,6 +151,13 @@ async def run_rate(url: str, http: str, pid: int, clips: list[Path], rate: float
     row.counters_match = (server_refused == {k: float(v) for k, v in refused.items()}
                           and delta.get(("admitted", ""), 0.0) >= answered_or_empty)
     return row
+
+
+async def _probe_lag(out: list[float], interval_s: float = 0.05) -> None:
+    while True:
+        t0 = time.perf_counter()
+        await asyncio.sleep(interval_s)
+        out.append(max(0.0, (time.perf_counter() - t0 - interval_s) * 1000))
 
 
 def format_row(row: RateRow, slo_ms: float, label: str) -> str:
@@ -160,8 +172,8 @@ def format_row(row: RateRow, slo_ms: float, label: str) -> str:
     return (f"| {label} | {row.rate:.2f} | {row.offered} | {len(answered)} | {refused} | {good:.2f} | "
             f"{pct(v2v, .5):.0f} / {pct(v2v, .95):.0f} / {pct(v2v, .99):.0f} | "
             f"{pct(ttft, .5):.0f} / {pct(ttft, .95):.0f} | {pct(fa, .5):.0f} / {pct(fa, .95):.0f} | "
-            f"{pct(busy, .99):.0f} / {pct(after_stop, .99):.0f} | {row.peak_rss_mb:.0f} | "
-            f"{'yes' if row.counters_match else 'NO'} |")
+            f"{pct(busy, .99):.0f} / {pct(after_stop, .99):.0f} | {row.peak_rss_mb:.0f} / {row.end_rss_mb:.0f} | "
+            f"{pct(row.client_lag_ms, .99):.0f} | {'yes' if row.counters_match else 'NO'} |")
 
 
 def holds(row: RateRow, slo_ms: float) -> bool:
@@ -229,8 +241,9 @@ def main(args) -> int:
     print(f"LLM={args.llm} SLO={args.slo_ms:.0f} ms, {kind} arrivals, {args.duration:.0f} s per rate, "
           f"R_sus={r_sus:.2f} turns/s; ms unless noted")
     print("| load | turns/s | offered | answered | refused | goodput/s | v2v p50/p95/p99 | TTFT p50/p95 | "
-          "first audio p50/p95 | busy p99 (speech end / end-of-turn event) | peak RSS MB | counters = bench |")
-    print("|" + "---|" * 12)
+          "first audio p50/p95 | busy p99 (speech end / end-of-turn event) | RSS MB peak / end | "
+          "bench loop lag p99 | counters = bench |")
+    print("|" + "---|" * 13)
     for label, row in labelled:
         print(format_row(row, args.slo_ms, label))
     goodput = {lbl: len(r.within(args.slo_ms)) / r.seconds for lbl, r in rows if r.seconds}

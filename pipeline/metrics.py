@@ -29,6 +29,8 @@ ADMISSIONS = Counter("voxpipe_admissions_total",
                      "sessions, stage; '' when admitted)", ["decision", "reason"], registry=REGISTRY)
 PREDICTED = Histogram("voxpipe_admission_predicted_seconds",
                       "admission's predicted end of turn to first reply audio", buckets=_LAT, registry=REGISTRY)
+LOOP_LAG = Histogram("voxpipe_event_loop_lag_seconds", "how late the server's event loop ran a due callback",
+                     buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5), registry=REGISTRY)
 SESSIONS = Gauge("voxpipe_sessions", "open sessions", registry=REGISTRY)
 ERRORS = Counter("voxpipe_client_errors_total", "error events sent to clients", ["code"], registry=REGISTRY)
 LLM_RUNNING = Gauge("voxpipe_llm_running", "LLM requests decoding in the batch", registry=REGISTRY)

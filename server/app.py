@@ -18,6 +18,7 @@ from pipeline import metrics
 from pipeline.config import VoxpipeConfig
 from pipeline.engines import Engines
 from pipeline.serving.admission import Admission
+from pipeline.serving.loop_lag import LoopLag
 from pipeline.session.events import InputEnd, ResponseCancel, SessionEnd, SessionStart, TextInput
 from pipeline.session.session import Session
 
@@ -47,12 +48,16 @@ class VoxpipeServer:
         self.engines, self.cfg = engines, cfg
         self.ready = False
         self.admission = Admission(cfg.admission)  # one policy, one set of service times, for every session
+        self.loop_lag = LoopLag(on_sample=self.admission.note_loop_lag)
+        self._lag_task: asyncio.Task | None = None
         self.sessions = 0
         self.max_sessions = cfg.server.max_sessions or AUTO_SESSIONS_PER_SLOT * cfg.llm_batch.max_batch_size
 
     async def serve(self, host: str | None = None, port: int | None = None):
         """Start listening; returns the websockets ``Server`` (use as async context)."""
         s = self.cfg.server
+        if self._lag_task is None:
+            self._lag_task = asyncio.create_task(self.loop_lag.run(), name="voxpipe-loop-lag")
         return await serve(
             self.handle,
             host or s.host,

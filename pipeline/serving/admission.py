@@ -108,7 +108,7 @@ class RatioQuantile:
     """
 
     q: float = 0.9
-    window: int = 64
+    window: int = 32
     min_samples: int = 8
     _xs: deque[float] = field(default_factory=deque)
 
@@ -180,6 +180,7 @@ class Admission:
     refused: int = 0
     correction: RatioQuantile = field(init=False)
     limit: float = field(init=False)  # admitted turns waiting for their first audio, at most
+    loop_lag: Ewma = field(default_factory=lambda: Ewma(0.0, alpha=0.1))  # the event loop's lag (ms)
     _last_backoff: float = -math.inf  # when the limit last shrank (s)
     _pending: dict[object, float] = field(default_factory=dict)  # admitted turn → expiry (s)
     _critical: dict[object, float] = field(default_factory=dict)  # admitted, first audio not out → expiry
@@ -259,10 +260,16 @@ class Admission:
 
     def corrected_ms(self, load: Load, *, spoken: bool, end_silence_ms: float, pending: int = 0) -> float:
         """:meth:`predict_ms` with its service part (all but the silence already gone,
-        which is a fact, not an estimate) scaled by the learned ``correction``."""
+        which is a fact, not an estimate) scaled by the learned ``correction``, plus the
+        event loop's lag (the server measures a turn from when its loop saw the end of
+        speech: audio waiting for a late loop is invisible to the correction)."""
         silence = end_silence_ms if spoken else 0.0
         raw = self.predict_ms(load, spoken=spoken, end_silence_ms=end_silence_ms, pending=pending)
-        return silence + self.correction.value * (raw - silence)
+        return silence + self.loop_lag.value + self.correction.value * (raw - silence)
+
+    def note_loop_lag(self, lag_ms: float) -> None:
+        """One event-loop lag sample (ms), from :class:`~pipeline.serving.loop_lag.LoopLag`."""
+        self.loop_lag.add(lag_ms)
 
     def decide(self, load: Load, *, spoken: bool, end_silence_ms: float, kv_tokens: int, now: float,
                key: object = None, count: bool = True) -> Refusal | None:
