@@ -194,6 +194,7 @@ async def _receive(ws, res: AskResult, marks: dict, on_partial: Callable[[dict],
         elif kind == "speech.stopped":
             marks["speech_end_audio_ms"] = ev["audio_ms"]
             marks.setdefault("speech_stopped", now)
+            marks["speech_stopped_last"] = now
         elif kind == "transcript.final":
             marks["asr_final"] = now
         elif kind == "response.started":
@@ -212,7 +213,9 @@ async def _receive(ws, res: AskResult, marks: dict, on_partial: Callable[[dict],
             if "input_end" in marks:
                 return
         elif kind == "busy":
-            marks.setdefault("busy", now)
+            if "busy" not in marks:
+                marks["busy"] = now
+                marks["busy_stop"] = marks.get("speech_stopped_last", now)  # the end it answers
             res.busy = {k: ev.get(k) for k in ("reason", "retry_after_ms", "message")}
             if "input_end" in marks:
                 return
@@ -242,8 +245,8 @@ def _timings(res: AskResult, marks: dict, fast: bool) -> None:
                           first_audio=server.get("first_audio"), voice_to_voice=since_end("first_audio"))
     if "busy" in marks:  # end of speech → the busy event, at the client
         res.timings_ms["busy"] = since_end("busy")
-        if "speech_stopped" in marks:  # the server's end-of-turn event → busy: the decision's cost
-            res.timings_ms["busy_after_stop"] = round((marks["busy"] - marks["speech_stopped"]) * 1000, 1)
+        # the server's end-of-turn event (the one just before the busy) → busy: the decision's cost
+        res.timings_ms["busy_after_stop"] = round((marks["busy"] - marks["busy_stop"]) * 1000, 1)
 
 
 def save_reply(res: AskResult, path: str) -> None:
