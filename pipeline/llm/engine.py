@@ -30,7 +30,7 @@ from pipeline.llm.runner.runner import ModelRunner
 from pipeline.llm.scheduler import Scheduler
 from pipeline.llm.stream import TokenStream
 from pipeline.llm.types import FinishReason, GenRequest, SamplingParams, SchedRequest, State, StepPlan
-from pipeline.worker import Busy
+from pipeline.worker import Busy, name_native_thread
 
 if TYPE_CHECKING:
     from pipeline.llm.loader import LoadedLLM
@@ -209,6 +209,7 @@ class LlmEngine:
 
     def _run(self) -> None:
         """The engine thread: step; sleep when a step says so, until woken (submit, abort)."""
+        name_native_thread()
         try:
             while not self._stop:
                 sleep_s = self.step()
