@@ -67,7 +67,7 @@ class AsrConfig:
         min_chunk_ms: a session's buffer is re-decoded after this much new audio (1000 ms).
         partial_hold_max_ms: while other turns wait for their reply's first audio, a
             session's partial updates are put off, at most this long since its last
-            one (3000 ms; see :mod:`pipeline.asr.turn`).
+            one (6000 ms; see :mod:`pipeline.asr.turn`).
         pad_s: silence after the audio in the encoder window (3 s; less made Whisper loop).
         bucket_s: encoder windows are multiples of this (5 s), so requests of similar
             length share a batch.
@@ -91,7 +91,7 @@ class AsrConfig:
     max_wait_ms: float = 20.0
     encoder_batch: int = 0
     min_chunk_ms: int = 1000
-    partial_hold_max_ms: int = 3000
+    partial_hold_max_ms: int = 6000
     pad_s: float = 3.0
     bucket_s: float = 5.0
     trim_s: float = 8.0
