@@ -65,6 +65,8 @@ class AsrConfig:
         encoder_batch: requests per encoder call; 0 = auto (1 on CPU, where batched
             encodes were slower per item; all of a group on CUDA).
         min_chunk_ms: a session's buffer is re-decoded after this much new audio (1000 ms).
+        partial_batch_size: most partial updates decoded together (2): a final decode
+            that arrives meanwhile waits for the batch in progress.
         partial_hold_max_ms: while other turns wait for their reply's first audio, a
             session's partial updates are put off, at most this long since its last
             one (6000 ms; see :mod:`pipeline.asr.turn`).
@@ -91,6 +93,7 @@ class AsrConfig:
     max_wait_ms: float = 20.0
     encoder_batch: int = 0
     min_chunk_ms: int = 1000
+    partial_batch_size: int = 2
     partial_hold_max_ms: int = 6000
     pad_s: float = 3.0
     bucket_s: float = 5.0

@@ -122,6 +122,12 @@ class BatchWorker(Generic[In, Out]):
         """How urgent ``item`` is: 0 (most) and up. Subclasses override; all 0 here."""
         return 0
 
+    def batch_limit(self, priority: int) -> int:
+        """Most items in a batch led by an item of ``priority`` (``max_batch_size`` here).
+        A smaller limit for best-effort work bounds how long urgent work that arrives
+        meanwhile waits for the batch in progress."""
+        return self.max_batch_size
+
     @property
     def depth(self) -> int:
         """Items waiting in the queue."""
@@ -161,7 +167,8 @@ class BatchWorker(Generic[In, Out]):
         ``first`` may not join an urgent batch (they are put back)."""
         jobs = [first]
         deadline = time.monotonic() + self.max_wait_ms / 1000.0
-        while len(jobs) < self.max_batch_size:
+        limit = self.batch_limit(first.priority)
+        while len(jobs) < limit:
             timeout = deadline - time.monotonic()
             try:
                 job = self._queue.get(timeout=timeout) if timeout > 0 else self._queue.get_nowait()

@@ -222,3 +222,15 @@ def test_the_silence_already_gone_is_not_scaled_by_the_correction():
     raw = a.predict_ms(Load(), spoken=True, end_silence_ms=500)
     assert abs(a.correction.value - 2.0) < 1e-9
     assert abs(a.corrected_ms(Load(), spoken=True, end_silence_ms=500) - (500 + 2 * (raw - 500))) < 1e-6
+
+
+def test_best_effort_batches_are_kept_small_so_urgent_work_waits_less():
+    class Small(Recorder):
+        def batch_limit(self, priority: int) -> int:
+            return self.max_batch_size if priority == 0 else 2
+
+    w = Small()
+    items = [f"partial-{i}" for i in range(5)] + ["urgent-a", "urgent-b", "urgent-c"]
+    asyncio.run(_queued_behind_a_running_batch(w, items))
+    assert w.batches[1] == ["urgent-a", "urgent-b", "urgent-c"]  # urgent ones batch whole
+    assert [len(b) for b in w.batches[2:]] == [2, 2, 1]

@@ -52,6 +52,12 @@ class AsrEngine(BatchWorker[DecodeRequest | AsrRequest, DecodeResult | Transcrip
         utterances): the user is waiting for it; 1 for a partial update (best effort)."""
         return 1 if isinstance(item, DecodeRequest) and not (item.final or item.urgent) else 0
 
+    def batch_limit(self, priority: int) -> int:
+        """Partial updates go in batches of at most ``partial_batch_size``: a final decode
+        that arrives meanwhile waits for that batch, and on CPU the encoder runs per
+        request anyway (batching partials saves little)."""
+        return self.max_batch_size if priority == 0 else min(self.max_batch_size, self.cfg.partial_batch_size)
+
     @property
     def languages(self) -> list[str]:
         """Language codes the model accepts (``["en"]`` for English-only models)."""
