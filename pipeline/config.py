@@ -70,6 +70,9 @@ class AsrConfig:
         partial_hold_max_ms: while other turns wait for their reply's first audio, a
             session's partial updates are put off, at most this long since its last
             one (6000 ms; see :mod:`pipeline.asr.turn`).
+        partial_hold_overload_ms: ... while the server refuses turns (within the last
+            ``AdmissionConfig.overload_s``): 30000 ms, in effect no live transcript (the
+            final transcript still covers all the audio).
         pad_s: silence after the audio in the encoder window (3 s; less made Whisper loop).
         bucket_s: encoder windows are multiples of this (5 s), so requests of similar
             length share a batch.
@@ -95,6 +98,7 @@ class AsrConfig:
     min_chunk_ms: int = 1000
     partial_batch_size: int = 2
     partial_hold_max_ms: int = 6000
+    partial_hold_overload_ms: int = 30000
     pad_s: float = 3.0
     bucket_s: float = 5.0
     trim_s: float = 8.0
@@ -216,6 +220,8 @@ class AdmissionConfig:
             first audio at once — starts at ``initial_limit`` (4) and adapts (AIMD, see
             :mod:`pipeline.serving.admission`) up to ``max_limit`` (64).
         limit_backoff: factor applied to the limit when an admitted turn misses the SLO (0.75).
+        overload_s: the server counts as overloaded this long after it refused a turn
+            (5 s): best-effort work (live partial transcripts) is shed meanwhile.
     """
 
     enabled: bool = True
@@ -231,6 +237,7 @@ class AdmissionConfig:
     initial_limit: float = 4.0
     max_limit: float = 64.0
     limit_backoff: float = 0.75
+    overload_s: float = 5.0
 
 
 @dataclass(slots=True, kw_only=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import numpy as np
 
@@ -125,7 +126,7 @@ async def _stream(turn: AsrTurn, seconds: float) -> None:
 
 
 def test_partials_are_held_while_others_wait_but_not_longer_than_the_cap():
-    cfg = AsrConfig(min_chunk_ms=200, partial_hold_max_ms=600_000)
+    cfg = AsrConfig(min_chunk_ms=200)
     held = {"on": True}
 
     async def main() -> tuple[FakeAsr, AsrTurn]:
@@ -136,7 +137,7 @@ def test_partials_are_held_while_others_wait_but_not_longer_than_the_cap():
             parts.append(p.text)
 
         turn = AsrTurn(asr, cfg, language=None, on_partial=on_partial, spawn=asyncio.create_task,
-                       hold=lambda: held["on"])
+                       hold=lambda: 600_000.0 if held["on"] else 0.0)
         await _stream(turn, 2.0)
         assert asr.requests == [] and turn.held > 0  # held: no partial decode was spent
         held["on"] = False
@@ -157,7 +158,7 @@ def test_partials_are_held_while_others_wait_but_not_longer_than_the_cap():
 
 
 def test_a_held_stream_still_updates_after_the_cap():
-    cfg = AsrConfig(min_chunk_ms=200, partial_hold_max_ms=300)
+    cfg = AsrConfig(min_chunk_ms=200)
 
     async def main() -> FakeAsr:
         asr = FakeAsr()
@@ -166,7 +167,7 @@ def test_a_held_stream_still_updates_after_the_cap():
             pass
 
         turn = AsrTurn(asr, cfg, language=None, on_partial=on_partial, spawn=asyncio.create_task,
-                       hold=lambda: True)
+                       hold=lambda: 300.0)
         deadline = asyncio.get_running_loop().time() + 30
         while not asr.requests and asyncio.get_running_loop().time() < deadline:
             await _stream(turn, 0.5)
@@ -234,3 +235,20 @@ def test_best_effort_batches_are_kept_small_so_urgent_work_waits_less():
     asyncio.run(_queued_behind_a_running_batch(w, items))
     assert w.batches[1] == ["urgent-a", "urgent-b", "urgent-c"]  # urgent ones batch whole
     assert [len(b) for b in w.batches[2:]] == [2, 2, 1]
+
+
+def test_the_gate_holds_partials_longer_while_the_server_refuses_turns():
+    from pipeline.config import VoxpipeConfig
+    from pipeline.session.gate import TurnGate
+    from tests.fakes import fake_engines
+
+    cfg = VoxpipeConfig()
+    adm = Admission(cfg.admission)
+    gate = TurnGate(adm, fake_engines(), cfg, "s")
+    assert gate.hold_ms() == 0.0  # nobody waits: live transcripts flow
+    adm.decide(Load(), spoken=True, end_silence_ms=500, kv_tokens=1, now=time.monotonic(), key="waiting")
+    assert gate.hold_ms() == cfg.asr.partial_hold_max_ms
+    assert adm.decide(Load(llm_running=1, llm_step_ms=10_000.0), spoken=True, end_silence_ms=500, kv_tokens=1,
+                      now=time.monotonic()) is not None  # refused: overloaded
+    assert gate.hold_ms() == cfg.asr.partial_hold_overload_ms
+    assert not adm.overloaded(time.monotonic() + cfg.admission.overload_s + 0.1)

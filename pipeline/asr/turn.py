@@ -7,12 +7,13 @@ session's updates less frequent instead of piling up requests. Audio that arrive
 than it was decoded (a burst) is caught up on with updates back to back, and the final
 decode waits until all of it has been worked through: no audio of a turn is skipped.
 
-Partial updates are best effort: while ``hold()`` says the server is busy with other
-turns' critical paths (their speech ended, their reply's first audio is not out yet),
-a stream's next partial waits — up to ``partial_hold_max_ms`` since its last one, so
-barge-in and the live transcript still work under load — and the CPU goes to the
-turns whose users are waiting. The final decode and its catch-up are never held, and
-the ASR stage serves them before partials (:meth:`AsrEngine.priority`).
+Partial updates are best effort: ``hold()`` says how long a stream's partials may be put
+off now (ms since its last update; 0: not at all). The session holds them while other
+users wait for their reply's first audio (``partial_hold_max_ms``), and longer while the
+server is refusing turns (``partial_hold_overload_ms``): the CPU goes to the turns whose
+users are waiting, not to live transcripts. The final decode and its catch-up are never
+held, and the ASR stage serves them before partials (:meth:`AsrEngine.priority`); a
+final with fewer partials before it decodes more of the buffer, but no audio is lost.
 """
 
 from __future__ import annotations
@@ -41,13 +42,13 @@ class AsrTurn:
         language: ISO code or None (detect).
         on_partial: awaited with each new :class:`Partial` that has words.
         spawn: starts a task the session owns (cancelled when the session closes).
-        hold: True while partial updates should wait (other turns' replies are due;
-            None: never held).
+        hold: how long partial updates may wait now (ms since the last one; 0 or None:
+            not held).
     """
 
     def __init__(self, engine, cfg: AsrConfig, *, language: str | None,
                  on_partial: Callable[[Partial], Awaitable[None]],
-                 spawn: Callable[..., asyncio.Task], hold: Callable[[], bool] | None = None) -> None:
+                 spawn: Callable[..., asyncio.Task], hold: Callable[[], float] | None = None) -> None:
         self.engine, self.on_partial, self._spawn, self._hold = engine, on_partial, spawn, hold
         self.cfg = cfg
         self.held = 0  # partial updates put off by ``hold``
@@ -71,11 +72,11 @@ class AsrTurn:
             self._task = self._spawn(self._update())
 
     def _held(self) -> bool:
-        """Put this partial off: others' turns are on their critical path, and this
-        stream's last update is less than ``partial_hold_max_ms`` old."""
-        if self._hold is None or (time.monotonic() - self._last_update) * 1000 >= self.cfg.partial_hold_max_ms:
+        """Put this partial off: ``hold()`` allows a longer wait than this stream has had."""
+        if self._hold is None:
             return False
-        if self._hold():
+        waited_ms = (time.monotonic() - self._last_update) * 1000
+        if waited_ms < self._hold():
             self.held += 1
             return True
         return False

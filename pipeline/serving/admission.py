@@ -182,6 +182,7 @@ class Admission:
     limit: float = field(init=False)  # admitted turns waiting for their first audio, at most
     loop_lag: Ewma = field(default_factory=lambda: Ewma(0.0, alpha=0.1))  # the event loop's lag (ms)
     _last_backoff: float = -math.inf  # when the limit last shrank (s)
+    _last_refusal: float = -math.inf  # when a turn was last refused (s)
     _pending: dict[object, float] = field(default_factory=dict)  # admitted turn → expiry (s)
     _critical: dict[object, float] = field(default_factory=dict)  # admitted, first audio not out → expiry
     # admitted turn → (predicted service ms, the silence already gone ms, expiry s)
@@ -206,6 +207,10 @@ class Admission:
         for key in [k for k, exp in self._critical.items() if exp <= now]:
             del self._critical[key]
         return len(self._critical)
+
+    def overloaded(self, now: float) -> bool:
+        """A turn was refused (or would have been) within the last ``overload_s``."""
+        return now - self._last_refusal < self.cfg.overload_s
 
     def observe(self, key: object, actual_ms: float, now: float = 0.0) -> None:
         """The admitted turn ``key`` reached its first audio ``actual_ms`` after its end
@@ -292,6 +297,8 @@ class Admission:
         if count:
             self.admitted += refusal is None
             self.refused += refusal is not None
+        if refusal is not None:
+            self._last_refusal = now
         if refusal is None and key is not None:  # (a speculation reserves its place uncounted)
             self._pending[key] = now + self.cfg.pending_ttl_s
             self._critical[key] = now + 2 * self.cfg.slo_ms / 1000

@@ -92,7 +92,14 @@ class TurnGate:
         if self.admission is not None:
             self.admission.forget(key)
 
-    def hold(self) -> bool:
-        """Best-effort work (partial transcripts) should wait: admitted turns are waiting
-        for their reply's first audio."""
-        return self.admission is not None and self.admission.critical(time.monotonic()) > 0
+    def hold_ms(self) -> float:
+        """How long best-effort work (a session's partial transcripts) may be put off now
+        (ms; 0: not at all): ``partial_hold_overload_ms`` while the server refuses turns,
+        ``partial_hold_max_ms`` while admitted users wait for their first audio."""
+        admission = self.admission
+        if admission is None:
+            return 0.0
+        now = time.monotonic()
+        if admission.overloaded(now):
+            return float(self.cfg.asr.partial_hold_overload_ms)
+        return float(self.cfg.asr.partial_hold_max_ms) if admission.critical(now) > 0 else 0.0

@@ -269,11 +269,11 @@ class Session:
         self._asr = self._last_asr = turn
         turn.feed(self._tracker.since(start))
 
-    def _hold_partials(self) -> bool:
-        """Put this session's partial transcripts off while other users wait for their
-        reply's first audio — unless this speech is over a reply (a barge-in candidate:
-        only a partial with words can confirm it)."""
-        return not self.turn_state.interrupting and self.gate.hold()
+    def _hold_partials(self) -> float:
+        """How long this session's partial transcripts may wait now (ms; see
+        :meth:`TurnGate.hold_ms`) — not at all while this speech is over a reply (a
+        barge-in candidate: only a partial with words can confirm it)."""
+        return 0.0 if self.turn_state.interrupting else self.gate.hold_ms()
 
     async def _on_partial(self, part: Partial) -> None:
         # only the latest speech turn's ASR is open (sends partials)
