@@ -220,6 +220,8 @@ class AdmissionConfig:
             first audio at once — starts at ``initial_limit`` (4) and adapts (AIMD, see
             :mod:`pipeline.serving.admission`) up to ``max_limit`` (64).
         limit_backoff: factor applied to the limit when an admitted turn misses the SLO (0.75).
+        headroom: a turn is refused when its corrected prediction exceeds this fraction of
+            ``slo_ms`` (0.85): the prediction is an estimate, the SLO a promise.
         overload_s: the server counts as overloaded this long after it refused a turn
             (5 s): best-effort work (live partial transcripts) is shed meanwhile.
     """
@@ -238,6 +240,7 @@ class AdmissionConfig:
     max_limit: float = 64.0
     limit_backoff: float = 0.75
     overload_s: float = 5.0
+    headroom: float = 0.85
 
 
 @dataclass(slots=True, kw_only=True)

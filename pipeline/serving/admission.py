@@ -28,7 +28,7 @@ not count as waiting work: the stages serve a turn's final transcript and first 
 before them (:meth:`~pipeline.worker.BatchWorker.priority`). On a 2-core CPU the stages mostly slow each other down
 (contention) rather than queue, which the sum alone underestimates, and the SLO is about
 the tail, so the quantile, not the mean. A turn whose corrected prediction exceeds
-``slo_ms`` gets ``busy`` with reason ``queue`` and ``retry_after_ms`` ≈ the excess.
+``headroom`` (0.85) × ``slo_ms`` gets ``busy`` with reason ``queue`` and ``retry_after_ms`` ≈ the excess.
 
 A prediction from the queues now cannot see the turns admitted a moment later, which
 will compete for the same cores. So admission also keeps a **concurrency limit**: at
@@ -315,13 +315,14 @@ class Admission:
         predicted = self.corrected_ms(load, spoken=spoken, end_silence_ms=end_silence_ms, pending=pending)
         idle = not (load.asr_waiting or load.tts_waiting or load.llm_waiting or pending or load.llm_running
                     or critical)
+        slo = self.cfg.slo_ms
         if load.kv_reserved + kv_tokens > load.kv_budget and load.llm_running > 0:
             hold = self.times.reply_tokens.value * (load.llm_step_ms or self.times.llm_step.value)
             refusal = Refusal("memory", _retry(hold), predicted,
                               f"the LLM's KV budget is full ({load.kv_reserved} of {load.kv_budget} tokens held)")
-        elif predicted > self.cfg.slo_ms and not idle:
-            refusal = Refusal("queue", _retry(predicted - self.cfg.slo_ms), predicted,
-                              f"a reply now would take ~{predicted:.0f} ms, over the {self.cfg.slo_ms:.0f} ms SLO")
+        elif predicted > self.cfg.headroom * slo and not idle:
+            refusal = Refusal("queue", _retry(predicted - self.cfg.headroom * slo), predicted,
+                              f"a reply now would take ~{predicted:.0f} ms, too close to the {slo:.0f} ms SLO")
         elif critical >= int(self.limit) and not idle:
             refusal = Refusal("queue", _retry(predicted / 2), predicted,
                               f"{critical} turns are already waiting for their reply (limit {int(self.limit)})")
