@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 import weakref
 from collections.abc import Callable, Coroutine
@@ -38,6 +39,11 @@ from pipeline.worker import Busy
 logger = logging.getLogger(__name__)
 
 
+MERGE_DETECT_SLACK_S = 1.0
+"""Clock slack of the merge window: speech is detected a little after it starts (the VAD's
+minimum speech), so resumed speech is seen up to about this much later than it began."""
+
+
 class Session:
     """Per-connection turn logic: the async orchestration around a :class:`TurnTracker`
     (audio → turn events), :class:`AsrTurn` s (streaming transcripts), speculations and
@@ -64,6 +70,8 @@ class Session:
         self._tracker = TurnTracker(cfg.turn, AllSpeech())  # replaced by session.start
         self._turn_task: asyncio.Task | None = None  # final ASR of the latest turn, then its reply
         self._last_turn: tuple[int, int] | None = None  # (start, end) samples of the latest turn
+        self._last_end_t = -math.inf  # when the latest turn's speech ended (perf_counter s)
+        self._last_refused = False  # the latest turn was refused (busy): continuing it re-decides it
         self._asr: AsrTurn | None = None  # streaming ASR of the speech in progress
         self._last_asr: AsrTurn | None = None  # ... of the latest turn (speech may continue it)
         self._tasks: set[asyncio.Task] = set()
@@ -225,11 +233,15 @@ class Session:
 
     def _continues_last_turn(self, start: int) -> bool:
         """Speech starting at ``start`` continues the latest turn: it resumed within
-        ``merge_window_ms`` of its end, the client did not close it, and the merged
-        turn would stay well under ``max_turn_s``."""
+        ``merge_window_ms`` of its end — in the audio and on the clock (a client that
+        stopped sending while it waited for the reply resumes close in audio, long after
+        in time: a new turn) — the client did not close it, and the merged turn would stay
+        well under ``max_turn_s``."""
         last, t = self._last_turn, self.cfg.turn
+        window_s = t.merge_window_ms / 1000
         return (last is not None and self._last_asr is not None and not self._turn_closed
-                and start - last[1] <= t.merge_window_ms * RATE / 1000
+                and start - last[1] <= window_s * RATE
+                and time.perf_counter() - self._last_end_t <= window_s + MERGE_DETECT_SLACK_S
                 and (start - last[0]) / RATE < t.max_turn_s * 0.8)
 
     def _new_turn_id(self) -> int:
@@ -255,14 +267,18 @@ class Session:
         self.turn_state.speech_started()  # over a reply: a barge-in candidate until ASR confirms words
         turn = self._last_asr
         if turn is not None and self._continues_last_turn(start):
-            if self._turn_task is not None:
-                self._turn_task.cancel()
-            spec, self._confirming = self._confirming, None
-            if spec is not None and spec.resp is not self.replies.current:
-                spec.drop()  # its confirmation may be cancelled before it ran: nothing else stops it
-            await self.replies.cancel("continued")
+            if self._last_refused:  # a refused turn goes on: no reply of it to cancel
+                self._last_refused = False
+            else:
+                if self._turn_task is not None:
+                    self._turn_task.cancel()
+                spec, self._confirming = self._confirming, None
+                if spec is not None and spec.resp is not self.replies.current:
+                    spec.drop()  # its confirmation may be cancelled before it ran: nothing else stops it
+                await self.replies.cancel("continued")
             turn.reopen()
         else:
+            self._last_refused = False
             self._last_turn = (start, start)
             turn = AsrTurn(self.engines.asr, self.cfg.asr, language=self.language,
                            on_partial=self._on_partial, spawn=self._spawn, hold=self._hold_partials)
@@ -294,7 +310,7 @@ class Session:
     async def _end_of_speech(self, end: SpeechEnd, *, t_end: float) -> None:
         turn, self._asr = self._asr, None
         start = self._last_turn[0] if self._last_turn else end.start
-        self._last_turn = (start, end.end)
+        self._last_turn, self._last_end_t = (start, end.end), t_end
         # a turn the client ended (input.end, push-to-talk) is never continued by later speech
         self._turn_closed = end.reason == "input_end"
         turn_id = self._turn_id(turn) if turn is not None else self._speech_turn_id
@@ -325,12 +341,12 @@ class Session:
     # ---- admission (see pipeline/session/gate.py) ------------------------------------
 
     def _refuse_turn(self, turn: AsrTurn) -> None:
-        """Drop a refused turn before any final decode: its streaming ASR stops, and later
-        speech starts a new turn rather than continuing this one."""
+        """Stop a refused turn before any final decode: its streaming ASR stops. Its audio
+        stays: speech that resumes within the merge window continues it (the user only
+        paused), and the whole turn is decided again at its new end — no words lost."""
         self._drop_speculation(reopen=False)
         turn.close()
-        if self._last_asr is turn:
-            self._last_asr, self._last_turn = None, None
+        self._last_refused = self._last_asr is turn
 
     async def _answer_turn(self, work: Callable[[], Coroutine[Any, Any, None]], turn: AsrTurn) -> None:
         """Run a submitted turn's transcription and reply start (``work()``, created here
