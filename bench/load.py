@@ -55,6 +55,7 @@ class RateRow:
     counters_match: bool = True
     client_lag_ms: list[float] = field(default_factory=list)  # the bench's own event-loop lag samples
     server_lag_p99_ms: float = float("nan")  # the server's event-loop lag p99 (histogram bucket bound)
+    heavy: dict[str, int] = field(default_factory=dict)  # the heavy session's outcomes, by event type
 
     def within(self, slo_ms: float) -> list[Turn]:
         return [t for t in self.turns if t.outcome == "answered" and t.voice_to_voice is not None
@@ -143,13 +144,46 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
-async def run_rate(url: str, http: str, pid: int, clips: list[Path], rate: float, args) -> RateRow:
-    """Offer turns at ``rate`` for ``args.duration`` s; wait for every outcome."""
+HEAVY_TEXT = ("Please summarise all of the following notes in detail before you answer. "
+              + "The quarterly figures moved in several directions at once, and the team wrote it all down. " * 90)
+"""A heavy typed turn: about 8,000 characters (cut to the LLM's prompt budget by the server)."""
+
+
+async def heavy_session(url: str, stop: asyncio.Event, counts: dict[str, int]) -> None:
+    """One session that sends :data:`HEAVY_TEXT` again as soon as each reply ends (or is
+    refused), until ``stop``: the appetite that fairness must keep from the others."""
+    from websockets.asyncio.client import connect
+
+    async with connect(url, max_size=None) as ws:
+        await ws.send(json.dumps({"type": "session.start", "sample_rate": 16000, "format": "pcm16", "channels": 1,
+                                  "output_sample_rate": 16000}))
+        while not stop.is_set():
+            await ws.send(json.dumps({"type": "text.input", "text": HEAVY_TEXT}))
+            while True:
+                msg = await ws.recv()
+                if isinstance(msg, bytes):
+                    continue
+                ev = json.loads(msg)
+                kind = ev["type"]
+                if kind in ("response.done", "response.cancelled", "busy", "error"):
+                    key = f"busy:{ev.get('reason')}" if kind == "busy" else kind
+                    counts[key] = counts.get(key, 0) + 1
+                    if kind == "busy":
+                        await asyncio.sleep(0.2)
+                    break
+
+
+async def run_rate(url: str, http: str, pid: int, clips: list[Path], rate: float, args,
+                   heavy: bool = False) -> RateRow:
+    """Offer turns at ``rate`` for ``args.duration`` s; wait for every outcome. ``heavy``:
+    one more session sends 8,000-character questions back to back meanwhile."""
     rng = random.Random(args.seed)
     row = RateRow(rate)
     page = await asyncio.to_thread(scrape, http)
     before, lag_before = admissions(page), lag_buckets(page)
     probe = asyncio.create_task(_probe_lag(row.client_lag_ms))  # is the load generator itself late?
+    stop_heavy = asyncio.Event()
+    heavy_task = asyncio.create_task(heavy_session(url, stop_heavy, row.heavy)) if heavy else None
     t0 = time.perf_counter()
     tasks = []
     for at in arrivals(rate, args.duration, bursty=args.bursty, rng=rng):
@@ -166,11 +200,18 @@ async def run_rate(url: str, http: str, pid: int, clips: list[Path], rate: float
     row.offered, row.seconds = len(tasks), time.perf_counter() - t0
     row.end_rss_mb = rss_mb(pid)
     probe.cancel()
+    if heavy_task is not None:
+        stop_heavy.set()
+        await asyncio.wait({heavy_task}, timeout=120)
+        heavy_task.cancel()
     page = await asyncio.to_thread(scrape, http)
     after = admissions(page)
     row.server_lag_p99_ms = bucket_quantile(lag_before, lag_buckets(page), 0.99)
     delta = {k: v - before.get(k, 0.0) for k, v in after.items()}
     refused = row.refused()
+    for key, n in row.heavy.items():  # the heavy session's refusals count on the server too
+        if key.startswith("busy:"):
+            refused[key[5:]] = refused.get(key[5:], 0) + n
     server_refused = {k[1]: v for k, v in delta.items() if k[0] == "refused" and v}
     answered_or_empty = sum(1 for t in row.turns if t.outcome in ("answered", "empty"))
     row.counters_match = (server_refused == {k: float(v) for k, v in refused.items()}
@@ -225,6 +266,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--serve-args", default="", help="extra 'voxpipe serve' options")
     p.add_argument("--audio-dir", default=str(Path(__file__).resolve().parent.parent / "tests" / "data" / "audio"))
     p.add_argument("--server-log", default=None, help="write the server's INFO log to this file")
+    p.add_argument("--fairness", action="store_true",
+                   help="at --rate × the first multiple: without, then with one heavy session (8,000-character "
+                        "questions back to back); print both and the ratio of the others' v2v p95")
     p.add_argument("--json", action="store_true")
 
 
@@ -252,9 +296,15 @@ def main(args) -> int:
                 r_sus = rate
                 rate *= 1.5
         r_sus = r_sus or args.start_rate
-        for m in args.multiples:
-            row = asyncio.run(run_rate(url, http, proc.pid, clips, m * r_sus, args))
-            rows.append((f"{m:g}× R_sus", row))
+        if args.fairness:
+            rate = args.multiples[0] * r_sus
+            rows.append(("others alone", asyncio.run(run_rate(url, http, proc.pid, clips, rate, args))))
+            rows.append(("+ 1 heavy session", asyncio.run(run_rate(url, http, proc.pid, clips, rate, args,
+                                                                  heavy=True))))
+        else:
+            for m in args.multiples:
+                row = asyncio.run(run_rate(url, http, proc.pid, clips, m * r_sus, args))
+                rows.append((f"{m:g}× R_sus", row))
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -272,6 +322,11 @@ def main(args) -> int:
     print("|" + "---|" * 13)
     for label, row in labelled:
         print(format_row(row, args.slo_ms, label))
+    if args.fairness and len(rows) == 2:
+        p95 = [pct([t.voice_to_voice for t in r.turns if t.outcome == "answered" and t.voice_to_voice], .95)
+               for _, r in rows]
+        print(f"the others' v2v p95 with / without the heavy session: {p95[1] / p95[0]:.2f} "
+              f"(heavy session: {rows[1][1].heavy})")
     goodput = {lbl: len(r.within(args.slo_ms)) / r.seconds for lbl, r in rows if r.seconds}
     if "1× R_sus" in goodput and "3× R_sus" in goodput and goodput["1× R_sus"]:
         print(f"goodput at 3× / 1× R_sus: {goodput['3× R_sus'] / goodput['1× R_sus']:.2f}")
