@@ -145,8 +145,10 @@ def rss_mb(pid: int) -> float:
 
 
 HEAVY_TEXT = ("Please summarise all of the following notes in detail before you answer. "
-              + "The quarterly figures moved in several directions at once, and the team wrote it all down. " * 90)
-"""A heavy typed turn: about 8,000 characters (cut to the LLM's prompt budget by the server)."""
+              + "The quarterly figures moved in several directions at once, and the team wrote it all down. " * 90
+              )[:7900]
+"""A heavy typed turn: 7,900 characters (the protocol takes up to 8,000; the server cuts it to
+the LLM's prompt budget)."""
 
 
 async def heavy_session(url: str, stop: asyncio.Event, counts: dict[str, int]) -> None:
@@ -168,7 +170,7 @@ async def heavy_session(url: str, stop: asyncio.Event, counts: dict[str, int]) -
                 if kind in ("response.done", "response.cancelled", "busy", "error"):
                     key = f"busy:{ev.get('reason')}" if kind == "busy" else kind
                     counts[key] = counts.get(key, 0) + 1
-                    if kind == "busy":
+                    if kind in ("busy", "error"):
                         await asyncio.sleep(0.2)
                     break
 
