@@ -212,6 +212,11 @@ class AdmissionConfig:
             values of the measured service times (a final decode, an LLM step, a first
             phrase's synthesis, tokens per reply), replaced by measurements as turns
             complete (moving averages).
+        prior_prefill_ms_per_token: starting value of the measured prefill time per prompt
+            token (1.5 ms), learned from prompts over 256 tokens.
+        base_prompt_tokens: prompt tokens past the cached system prompt that
+            ``prefill_steps`` already covers (192); a longer prompt (a long typed question,
+            a long conversation) adds its extra tokens × the prefill time per token.
         pending_ttl_s: an admitted turn counts as queued for the LLM until its request is
             submitted, or at most this long (10 s; a safety net, should a release be missed).
         correction_quantile: the prediction is scaled by this quantile of the recent
@@ -234,6 +239,8 @@ class AdmissionConfig:
     prior_llm_step_ms: float = 50.0
     prior_tts_ms: float = 150.0
     prior_reply_tokens: float = 30.0
+    prior_prefill_ms_per_token: float = 1.5
+    base_prompt_tokens: int = 192
     pending_ttl_s: float = 10.0
     correction_quantile: float = 0.9
     initial_limit: float = 4.0

@@ -106,13 +106,14 @@ def test_the_concurrency_limit_shrinks_on_a_miss_and_grows_back_on_hits():
         assert a.decide(IDLE, spoken=False, end_silence_ms=0, kv_tokens=1, now=20.0, key=k) is None
         a.release(k)
         a.observe(k, 900.0, now=20.0)
-    assert 6.0 < a.limit < 8.0  # additive increase: about +1 per limit's worth of hits
-    for i in range(60):  # misses far apart: the limit halves each time, never below 1
+    assert 4.0 < a.limit < 8.0  # additive increase: about +1 per limit's worth of hits (those not predicted late)
+    before = a.limit
+    for i in range(3):  # surprising misses far apart: each shrinks the limit, never below 1
         k = f"miss{i}"
         assert a.decide(IDLE, spoken=False, end_silence_ms=0, kv_tokens=1, now=30.0 + 3 * i, key=k) is None
         a.release(k)
-        a.observe(k, 5000.0, now=30.0 + 3 * i)
-    assert a.limit == 1.0
+        a.observe(k, 2500.0, now=30.0 + 3 * i)
+    assert a.limit == max(1.0, before * 0.5 ** 3)
     assert a.decide(IDLE, spoken=False, end_silence_ms=0, kv_tokens=1, now=500.0) is None  # idle: admitted
 
 
@@ -251,3 +252,34 @@ def test_an_unknown_or_expired_turn_teaches_nothing():
     a.pending(1000.0)  # long past every expiry
     a.observe("old", 10_000.0)
     assert a.correction.value == 1.0
+
+
+def test_a_long_prompt_predicts_its_prefill_and_its_miss_shrinks_no_limit():
+    a = policy(slo_ms=2000, prior_prefill_ms_per_token=2.0, base_prompt_tokens=192)
+    busy = Load(llm_running=1)
+    short = a.predict_ms(busy, spoken=False, end_silence_ms=0, prompt_tokens=100)
+    long = a.predict_ms(busy, spoken=False, end_silence_ms=0, prompt_tokens=1000)
+    assert long - short == (1000 - 192) * 2.0
+    assert a.decide(busy, spoken=False, end_silence_ms=0, kv_tokens=1, now=0.0, prompt_tokens=100) is None
+    refusal = a.decide(busy, spoken=False, end_silence_ms=0, kv_tokens=1, now=0.0, prompt_tokens=1000)
+    assert refusal is not None and refusal.reason == "queue"  # one session's appetite, refused while others run
+    limit = a.limit
+    assert a.decide(IDLE, spoken=False, end_silence_ms=0, kv_tokens=1, now=10.0, key="heavy",
+                    prompt_tokens=1000) is None  # idle: answered anyway
+    a.release("heavy")
+    a.observe("heavy", 2600.0, now=12.0)  # late, as predicted: no surprise
+    assert a.limit >= limit
+
+
+async def test_a_long_typed_question_is_refused_while_others_are_answered():
+    llm = FakeLlm(default=LlmReply.of("Sure."))
+    llm.active, llm.slots = 1, 8  # another reply in flight: not idle
+    cfg = VoxpipeConfig()
+    h = Harness(engines=fake_engines(llm=llm), cfg=cfg, admission=Admission(cfg.admission))
+    try:
+        seen = await h.play([Start(), Text("word " * 1500), WaitFor(ev.Busy)])
+        assert [e for e in seen if isinstance(e, ev.Busy)][0].reason == "queue"
+        assert llm.requests == []
+        await h.play([Text("What time is it?"), WaitFor(ev.ResponseDone)])
+    finally:
+        await h.close()

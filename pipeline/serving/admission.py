@@ -10,13 +10,17 @@ turn will wait for, each term from a moving estimate of a measured service time
               + asr_final × (1 + asr_waiting // asr_batch)    (each full batch ahead ≈ one decode)
               + slot_wait                                     (0 while a batch slot is free)
               + (prefill_steps + first_phrase_tokens) × llm_step
+              + max(0, prompt_tokens − base_prompt_tokens) × prefill_token
               + tts_phrase × (1 + tts_waiting // tts_workers)
 
     slot_wait = (1 + (llm_waiting − free_slots) // slots) × hold,  when llm_waiting ≥ free_slots
     hold      = reply_tokens × llm_step                       (how long a request keeps its slot)
 
 ``llm_step`` is the engine's measured time per step at its current batch, so a fuller batch
-predicts slower tokens. ``llm_waiting`` also counts the turns admitted but not yet
+predicts slower tokens. ``prompt_tokens`` is estimated without tokenizing (characters ÷ 4 of
+the history and the typed text, or 4 tokens per second of speech): a long typed question
+predicts its long prefill, so one session's appetite is refused rather than charged to
+everyone's latency. ``llm_waiting`` also counts the turns admitted but not yet
 submitted to the LLM (their final transcript is still being decoded): without them, a
 burst of turns ending together would all see an empty queue and all be admitted.
 
@@ -138,17 +142,20 @@ class ServiceTimes:
     Attributes:
         asr_final: one final decode. llm_step: one LLM engine step at the current batch.
         tts_phrase: synthesis of a reply's first phrase. reply_tokens: tokens per reply.
+        prefill_token: prefill time per prompt token (from long prompts' time to first token).
     """
 
     asr_final: Ewma
     llm_step: Ewma
     tts_phrase: Ewma
     reply_tokens: Ewma
+    prefill_token: Ewma
 
     @classmethod
     def from_config(cls, cfg: AdmissionConfig) -> ServiceTimes:
         return cls(asr_final=Ewma(cfg.prior_asr_ms), llm_step=Ewma(cfg.prior_llm_step_ms),
-                   tts_phrase=Ewma(cfg.prior_tts_ms), reply_tokens=Ewma(cfg.prior_reply_tokens))
+                   tts_phrase=Ewma(cfg.prior_tts_ms), reply_tokens=Ewma(cfg.prior_reply_tokens),
+                   prefill_token=Ewma(cfg.prior_prefill_ms_per_token))
 
 
 @dataclass(slots=True, frozen=True)
@@ -185,8 +192,8 @@ class Admission:
     _last_refusal: float = -math.inf  # when a turn was last refused (s)
     _pending: dict[object, float] = field(default_factory=dict)  # admitted turn → expiry (s)
     _critical: dict[object, float] = field(default_factory=dict)  # admitted, first audio not out → expiry
-    # admitted turn → (predicted service ms, the silence already gone ms, expiry s)
-    _predicted: dict[object, tuple[float, float, float]] = field(default_factory=dict)
+    # admitted turn → (predicted service ms, the silence already gone ms, expiry s, predicted late)
+    _predicted: dict[object, tuple[float, float, float, bool]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.times = ServiceTimes.from_config(self.cfg)
@@ -197,7 +204,7 @@ class Admission:
         """Admitted turns not yet submitted to the LLM (expired entries dropped)."""
         for key in [k for k, exp in self._pending.items() if exp <= now]:
             del self._pending[key]
-        for key in [k for k, (_, _, exp) in self._predicted.items() if exp <= now]:
+        for key in [k for k, (_, _, exp, _) in self._predicted.items() if exp <= now]:
             del self._predicted[key]
         return len(self._pending)
 
@@ -220,10 +227,12 @@ class Admission:
         entry = self._predicted.pop(key, None)
         if entry is None:
             return
-        service, silence, _ = entry
+        service, silence, _, late = entry
         if service > 0:
             self.correction.add(min(4.0, max(0.5, (actual_ms - silence) / service)))
         c = self.cfg
+        if late:
+            return
         if actual_ms > c.slo_ms:
             if now - self._last_backoff >= c.slo_ms / 1000:  # one backoff per SLO period
                 self.limit = max(1.0, self.limit * c.limit_backoff)
@@ -243,11 +252,14 @@ class Admission:
         self._critical.pop(key, None)
         self._predicted.pop(key, None)
 
-    def predict_ms(self, load: Load, *, spoken: bool, end_silence_ms: float, pending: int = 0) -> float:
+    def predict_ms(self, load: Load, *, spoken: bool, end_silence_ms: float, pending: int = 0,
+                   prompt_tokens: int = 0) -> float:
         """Predicted time from the end of the user's turn to the reply's first audio (ms).
 
         ``spoken``: a spoken turn (a final decode and the end-of-turn silence count);
         False for a typed one. ``pending``: admitted turns not yet in the LLM's queue.
+        ``prompt_tokens``: the turn's prompt past the cached system prompt (an estimate;
+        tokens beyond ``base_prompt_tokens`` add their prefill time).
         """
         t, c = self.times, self.cfg
         step = load.llm_step_ms or t.llm_step.value
@@ -260,16 +272,19 @@ class Admission:
             rounds = 1 + (waiting - free) // max(1, load.llm_slots)
             ms += rounds * t.reply_tokens.value * step
         ms += (c.prefill_steps + c.first_phrase_tokens) * step
+        ms += max(0, prompt_tokens - c.base_prompt_tokens) * t.prefill_token.value
         ms += t.tts_phrase.value * (1 + load.tts_waiting // max(1, load.tts_workers))
         return ms
 
-    def corrected_ms(self, load: Load, *, spoken: bool, end_silence_ms: float, pending: int = 0) -> float:
+    def corrected_ms(self, load: Load, *, spoken: bool, end_silence_ms: float, pending: int = 0,
+                     prompt_tokens: int = 0) -> float:
         """:meth:`predict_ms` with its service part (all but the silence already gone,
         which is a fact, not an estimate) scaled by the learned ``correction``, plus the
         event loop's lag (the server measures a turn from when its loop saw the end of
         speech: audio waiting for a late loop is invisible to the correction)."""
         silence = end_silence_ms if spoken else 0.0
-        raw = self.predict_ms(load, spoken=spoken, end_silence_ms=end_silence_ms, pending=pending)
+        raw = self.predict_ms(load, spoken=spoken, end_silence_ms=end_silence_ms, pending=pending,
+                              prompt_tokens=prompt_tokens)
         return silence + self.loop_lag.value + self.correction.value * (raw - silence)
 
     def note_loop_lag(self, lag_ms: float) -> None:
@@ -277,7 +292,7 @@ class Admission:
         self.loop_lag.add(lag_ms)
 
     def decide(self, load: Load, *, spoken: bool, end_silence_ms: float, kv_tokens: int, now: float,
-               key: object = None, count: bool = True) -> Refusal | None:
+               key: object = None, count: bool = True, prompt_tokens: int = 0) -> Refusal | None:
         """Admit (None) or refuse (a :class:`Refusal`) a turn; counts both unless ``count``
         is False (a look-ahead, e.g. whether to start a speculation). An admitted turn with
         a ``key`` counts as pending (queued for the LLM) until :meth:`release` or
@@ -292,8 +307,10 @@ class Admission:
             kv_tokens: the most KV-cache tokens the turn's LLM request can hold (its
                 prompt budget + max new tokens: known without tokenizing anything).
             now: a monotonic clock (s), for pending turns' expiry.
+            prompt_tokens: the turn's prompt past the cached system prompt (an estimate).
         """
-        refusal = self._refusal(load, spoken, end_silence_ms, kv_tokens, self.pending(now), self.critical(now))
+        refusal = self._refusal(load, spoken, end_silence_ms, kv_tokens, self.pending(now), self.critical(now),
+                                prompt_tokens)
         if count:
             self.admitted += refusal is None
             self.refused += refusal is not None
@@ -303,16 +320,23 @@ class Admission:
             self._pending[key] = now + self.cfg.pending_ttl_s
             self._critical[key] = now + 2 * self.cfg.slo_ms / 1000
             silence = end_silence_ms if spoken else 0.0
-            raw = self.predict_ms(load, spoken=spoken, end_silence_ms=end_silence_ms, pending=self.pending(now) - 1)
-            self._predicted[key] = (raw - silence, silence, now + 6 * self.cfg.pending_ttl_s)
+            others = self.pending(now) - 1
+            raw = self.predict_ms(load, spoken=spoken, end_silence_ms=end_silence_ms, pending=others,
+                                  prompt_tokens=prompt_tokens)
+            # a turn admitted although predicted over the SLO (an idle server) teaches the
+            # correction, but its miss is no surprise: it does not shrink the limit
+            late = self.corrected_ms(load, spoken=spoken, end_silence_ms=end_silence_ms, pending=others,
+                                     prompt_tokens=prompt_tokens) > self.cfg.slo_ms
+            self._predicted[key] = (raw - silence, silence, now + 6 * self.cfg.pending_ttl_s, late)
         return refusal
 
     def _refusal(self, load: Load, spoken: bool, end_silence_ms: float, kv_tokens: int,
-                 pending: int, critical: int) -> Refusal | None:
+                 pending: int, critical: int, prompt_tokens: int) -> Refusal | None:
         if not self.cfg.enabled:
             return None
         refusal: Refusal | None = None
-        predicted = self.corrected_ms(load, spoken=spoken, end_silence_ms=end_silence_ms, pending=pending)
+        predicted = self.corrected_ms(load, spoken=spoken, end_silence_ms=end_silence_ms, pending=pending,
+                                      prompt_tokens=prompt_tokens)
         idle = not (load.asr_waiting or load.tts_waiting or load.llm_waiting or pending or load.llm_running
                     or critical)
         slo = self.cfg.slo_ms

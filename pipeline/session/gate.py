@@ -16,6 +16,12 @@ from pipeline.serving.admission import Admission, Refusal, ServiceTimes
 
 logger = logging.getLogger(__name__)
 
+CHARS_PER_TOKEN = 4
+"""English text averages about 4 characters per BPE token (OpenAI's rule of thumb): a
+prompt's size is estimated without tokenizing it (a refused turn costs no tokenization)."""
+CHARS_PER_SPEECH_S = 16
+"""Transcript characters per second of speech (about 160 words a minute)."""
+
 
 class TurnGate:
     """Admission for one session's turns.
@@ -35,7 +41,8 @@ class TurnGate:
         """The measured service times replies feed (None without admission)."""
         return self.admission.times if self.admission is not None else None
 
-    def check(self, *, spoken: bool, since_end_ms: float, key: object = None, count: bool = True) -> Refusal | None:
+    def check(self, *, spoken: bool, since_end_ms: float, key: object = None, count: bool = True,
+              prompt_chars: int = 0) -> Refusal | None:
         """Admit (None) or refuse a turn that ends now.
 
         Args:
@@ -45,16 +52,21 @@ class TurnGate:
             key: the admitted turn counts as queued for the LLM until :meth:`releaser`'s
                 callback for it runs (its request was submitted) or it expires.
             count: False for a look-ahead that decides nothing (whether to speculate).
+            prompt_chars: characters of the prompt past the system prompt (history and
+                the turn's text; for speech, :data:`CHARS_PER_SPEECH_S` per second).
         """
         admission = self.admission
         if admission is None:
             return None
         load, now = self.engines.load(self.cfg), time.monotonic()
         pending = admission.pending(now)
+        prompt_tokens = min(self.cfg.llm.max_context_tokens, prompt_chars // CHARS_PER_TOKEN)
         refusal = admission.decide(load, spoken=spoken, end_silence_ms=since_end_ms,
-                                   kv_tokens=self.cfg.llm.max_context_tokens, now=now, key=key, count=count)
+                                   kv_tokens=self.cfg.llm.max_context_tokens, now=now, key=key, count=count,
+                                   prompt_tokens=prompt_tokens)
         if count:
-            predicted = admission.corrected_ms(load, spoken=spoken, end_silence_ms=since_end_ms, pending=pending)
+            predicted = admission.corrected_ms(load, spoken=spoken, end_silence_ms=since_end_ms, pending=pending,
+                                               prompt_tokens=prompt_tokens)
             metrics.PREDICTED.observe(predicted / 1000)
             if refusal is None:
                 metrics.ADMISSIONS.labels("admitted", "").inc()

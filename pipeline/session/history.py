@@ -22,6 +22,11 @@ class ChatHistory:
         self.system_prompt = system_prompt
         self.turns: list[tuple[str, str]] = []
 
+    @property
+    def chars(self) -> int:
+        """Characters of the kept turns (both sides): the history's size without tokenizing."""
+        return sum(len(u) + len(a) for u, a in self.turns)
+
     def add_turn(self, user: str, assistant: str) -> None:
         """Record a finished (or interrupted: only what was spoken) exchange."""
         self.turns.append((user, assistant))

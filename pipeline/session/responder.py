@@ -104,6 +104,8 @@ class Responder:
         self.history.add_turn(asked, text)
         if self.times is not None:
             self.times.reply_tokens.add(st.output_tokens)
+            if st.prompt_tokens > 256:  # long enough that prefill, not queueing, dominates its TTFT
+                self.times.prefill_token.add(st.ttft_ms / st.prompt_tokens)
         timings = {"asr": round(asr_ms, 1), "llm_ttft": round(st.ttft_ms, 1), "llm_tpot": round(st.tpot_ms, 1),
                    **self.timings}
         await self.out.send(ev.ResponseDone(response_id=self.rid, text=text, fallback=fallback,

@@ -27,7 +27,7 @@ from pipeline.engines import Engines
 from pipeline.serving.admission import Admission
 from pipeline.session import events as ev
 from pipeline.session.endpointing import AllSpeech
-from pipeline.session.gate import TurnGate
+from pipeline.session.gate import CHARS_PER_SPEECH_S, TurnGate
 from pipeline.session.history import ChatHistory
 from pipeline.session.replies import CANCEL_WAIT_S, Replies, send_busy
 from pipeline.session.speculation import HeldOutbox, Speculation
@@ -159,7 +159,7 @@ class Session:
             return
         turn_id = self._new_turn_id()
         key = object()
-        refusal = self.gate.check(spoken=False, since_end_ms=0.0, key=key)
+        refusal = self.gate.check(spoken=False, since_end_ms=0.0, key=key, prompt_chars=self.history.chars + len(text))
         if refusal is not None:
             await send_busy(self.out, refusal.as_busy(), turn_id=turn_id)
             return
@@ -319,7 +319,8 @@ class Session:
         speculated = spec is not None and spec.turn is turn and spec.resp is not None
         refusal = None
         if turn is not None and not speculated:  # a running speculation was admitted at the pause
-            refusal = self.gate.check(spoken=True, since_end_ms=(time.perf_counter() - t_end) * 1000, key=turn)
+            refusal = self.gate.check(spoken=True, since_end_ms=(time.perf_counter() - t_end) * 1000, key=turn,
+                                      prompt_chars=self._prompt_chars(turn))
         elif turn is not None:
             self.gate.admitted_earlier()
         if turn is not None and refusal is not None:
@@ -339,6 +340,11 @@ class Session:
             self._turn_task = self._spawn(self._answer_turn(lambda: self._transcribe_and_reply(turn, t_end), turn))
 
     # ---- admission (see pipeline/session/gate.py) ------------------------------------
+
+    def _prompt_chars(self, turn: AsrTurn) -> int:
+        """The prompt's size past the system prompt, in characters, before any final
+        transcript: the history and the turn's speech at :data:`CHARS_PER_SPEECH_S`."""
+        return self.history.chars + int(turn.stream.total_s * CHARS_PER_SPEECH_S)
 
     def _refuse_turn(self, turn: AsrTurn) -> None:
         """Stop a refused turn before any final decode: its streaming ASR stops. Its audio
@@ -404,7 +410,8 @@ class Session:
         if turn is None or self._spec is not None or not self.turn_state.may_speculate:
             return
         since_end_ms = (time.perf_counter() - t_end) * 1000 + self.cfg.turn.end_silence_ms - self.cfg.turn.early_end_ms
-        if self.gate.check(spoken=True, since_end_ms=since_end_ms, key=turn, count=False) is not None:
+        if self.gate.check(spoken=True, since_end_ms=since_end_ms, key=turn, count=False,
+                           prompt_chars=self._prompt_chars(turn)) is not None:
             return  # the turn's end will be refused: spend nothing on it now
         # admitted uncounted: the speculation holds its place (pending, critical) while it runs
         spec = Speculation(turn=turn, outbox=HeldOutbox(self.out), t_end=t_end)
