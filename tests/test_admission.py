@@ -108,12 +108,16 @@ def test_the_concurrency_limit_shrinks_on_a_miss_and_grows_back_on_hits():
         a.observe(k, 900.0, now=20.0)
     assert 4.0 < a.limit < 8.0  # additive increase: about +1 per limit's worth of hits (those not predicted late)
     before = a.limit
-    for i in range(3):  # surprising misses far apart: each shrinks the limit, never below 1
-        k = f"miss{i}"
-        assert a.decide(IDLE, spoken=False, end_silence_ms=0, kv_tokens=1, now=30.0 + 3 * i, key=k) is None
-        a.release(k)
-        a.observe(k, 2500.0, now=30.0 + 3 * i)
-    assert a.limit == max(1.0, before * 0.5 ** 3)
+    assert a.decide(IDLE, spoken=False, end_silence_ms=0, kv_tokens=1, now=30.0, key="miss") is None
+    a.release("miss")
+    a.observe("miss", 2500.0, now=30.0)  # a surprising miss: halved
+    assert a.limit == before * 0.5
+    a.limit = 1.2
+    assert a.decide(IDLE, spoken=False, end_silence_ms=0, kv_tokens=1, now=40.0, key="floor") is None
+    a.release("floor")
+    a._predicted["floor"] = (650.0, 0.0, 100.0, False)  # (as predicted on time)
+    a.observe("floor", 2500.0, now=40.0)
+    assert a.limit == 1.0  # never below one turn at a time
     assert a.decide(IDLE, spoken=False, end_silence_ms=0, kv_tokens=1, now=500.0) is None  # idle: admitted
 
 
