@@ -98,6 +98,27 @@ def test_long_prompt_is_prefilled_in_budget_sized_chunks_while_others_decode():
     assert [r.rid for r in s.running] == [1, 2] and s.requests[2].output_ids == [9]
 
 
+def test_a_long_prompt_trickles_while_others_decode_and_runs_full_speed_alone():
+    cfg = SchedulerConfig(max_batch_size=4, max_wait_ms=0, max_prefill_tokens=512, max_prefill_tokens_decoding=256,
+                          long_prompt_tokens=256, long_prefill_tokens_decoding=32)
+    s = Scheduler(cfg)
+    s.add(req(1, n_prompt=4, max_new=3))
+    s.update(s.schedule(now=1), {1: 5})
+    s.add(req(2, n_prompt=1000, max_new=5))  # one session's huge prompt
+    s.add(req(3, n_prompt=100, max_new=5))  # another session's short turn
+    p = s.schedule(now=2)
+    assert p.spans[3] == (0, 100)  # the short prompt whole (SRPT, not throttled)
+    assert p.spans[2] == (0, 32)  # the long one trickles while 1 decodes
+    s.update(p, {1: 5, 3: 7})
+    p = s.schedule(now=3)
+    assert p.spans[2] == (32, 64)
+    s.update(p, {1: 5, 3: 7})  # 1 is done (3 tokens)
+    s.finish(3, FinishReason.ABORT)
+    p = s.schedule(now=4)
+    p = s.schedule(now=5) if not p.spans else p
+    assert p.decode == [] and p.spans[2][1] - p.spans[2][0] > 32  # nobody streams: full speed
+
+
 def test_abort_while_prefilling_frees_the_slot():
     s = Scheduler(SchedulerConfig(max_batch_size=1, max_wait_ms=0, max_prefill_tokens=8))
     s.add(req(1, n_prompt=20))

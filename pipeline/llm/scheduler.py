@@ -11,7 +11,9 @@ Prefill is chunked (vLLM's chunked prefill): each step prefills at most
 spread over several steps while the running requests keep decoding one token per step.
 A request whose prompt is only partly prefilled holds a batch slot but does not decode.
 The prefill budget goes to the shortest remaining prompts first (SRPT, which minimises
-mean time to first token), so a voice turn's short prompt is not stuck behind long ones.
+mean time to first token), so a voice turn's short prompt is not stuck behind long ones;
+and while others decode, a long prompt advances only a few tokens per step (fairness:
+one session's appetite must not stall everyone's replies).
 """
 
 from __future__ import annotations
@@ -86,7 +88,10 @@ class Scheduler:
         for req in sorted(self.prefilling, key=lambda r: (len(r.prompt_ids) - r.num_computed, r.arrival)):
             if budget <= 0:
                 break
-            budget -= self._chunk(plan, req, budget)
+            cap = budget
+            if self.running and len(req.prompt_ids) - req.num_computed > c.long_prompt_tokens:
+                cap = min(cap, c.long_prefill_tokens_decoding)  # others are streaming: a long prompt trickles
+            budget -= self._chunk(plan, req, cap)
         return plan
 
     def _admit(self, plan: StepPlan, now: float) -> None:
