@@ -22,6 +22,8 @@ import asyncio
 import json
 import random
 import re
+import subprocess
+import sys
 import time
 import urllib.request
 from dataclasses import asdict, dataclass, field
@@ -271,6 +273,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fairness", action="store_true",
                    help="at --rate × the first multiple: without, then with one heavy session (8,000-character "
                         "questions back to back); print both and the ratio of the others' v2v p95")
+    p.add_argument("--llm-table-requests", type=int, default=24,
+                   help="requests per mode for the design article's four-row table (voxpipe bench llm), run "
+                        "after the load on the same machine; 0: skip it")
     p.add_argument("--json", action="store_true")
 
 
@@ -332,7 +337,11 @@ def main(args) -> int:
     goodput = {lbl: len(r.within(args.slo_ms)) / r.seconds for lbl, r in rows if r.seconds}
     if "1× R_sus" in goodput and "3× R_sus" in goodput and goodput["1× R_sus"]:
         print(f"goodput at 3× / 1× R_sus: {goodput['3× R_sus'] / goodput['1× R_sus']:.2f}")
-    print("The design article's four-row table (no batching / static / dynamic / quantized): voxpipe bench llm")
+    if args.llm_table_requests > 0:
+        print("\nThe design article's four-row table (no batching / static / dynamic / quantized), same machine:",
+              flush=True)
+        subprocess.run([sys.executable, "-m", "cli", "bench", "llm", "--llm", args.llm, "--requests",
+                        str(args.llm_table_requests)], check=True)
     return 0
 
 

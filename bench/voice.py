@@ -4,7 +4,8 @@ Starts ``voxpipe serve`` (SmolLM2 by default), then streams the English clips of
 test audio folder (tests/data/audio) at real-time pace from 1 and from N concurrent sessions, and
 prints per-response medians/p95: first LLM token → first audio, first complete phrase
 → first audio, TTS real-time factor, and voice-to-voice latency (end of the user's
-speech → first reply audio received by the client).
+speech → first reply audio received by the client); per row also the turns refused with
+``busy``, the share of answered turns within ``--slo-ms`` and the latest answer.
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ async def _session(url: str, clips: list[Path], out: list[dict]) -> None:
     for clip in clips:
         res = await ask(str(clip), url=url, timeout_s=120)
         done = [e for e in res.events if e["type"] == "response.done"]
+        if res.busy is not None:
+            out.append({"busy": res.busy.get("reason"), "clip": clip.name})
         if not done:
             continue
         t = dict(done[-1]["timings_ms"])
@@ -93,7 +96,12 @@ def main(args) -> int:
                 await asyncio.gather(*(_session(url, per, rows) for _ in range(n)))
 
             asyncio.run(run(n, per, rows))
-            row = {"sessions": n, "responses": len(rows)}
+            answered = [r for r in rows if "busy" not in r]
+            v2v = [r["client_voice_to_voice"] for r in answered if r.get("client_voice_to_voice") is not None]
+            row = {"sessions": n, "responses": len(answered), "busy": len(rows) - len(answered),
+                   "within_slo": sum(x <= args.slo_ms for x in v2v) / len(v2v) if v2v else float("nan"),
+                   "max_v2v": max(v2v, default=float("nan"))}
+            rows = answered
             for key in ("first_token_to_audio", "first_phrase_to_audio", "tts_rtf", "llm_ttft", "asr",
                         "voice_to_voice", "client_voice_to_voice"):
                 row[key] = _stat(rows, key)
@@ -106,11 +114,13 @@ def main(args) -> int:
         return 0
     keys = ["first_token_to_audio", "first_phrase_to_audio", "tts_rtf", "llm_ttft", "asr", "voice_to_voice",
             "client_voice_to_voice"]
-    print(f"LLM={args.llm}, clips={len(clips)} x{args.repeat} per session; each cell: p50 / p95 (ms; RTF unitless)")
-    print("| sessions | responses | " + " | ".join(keys) + " |")
-    print("|" + "---|" * (len(keys) + 2))
+    print(f"LLM={args.llm}, clips={len(clips)} x{args.repeat} per session; each cell: p50 / p95 (ms; RTF unitless); "
+          f"within SLO: answered turns with client voice-to-voice <= {args.slo_ms:.0f} ms")
+    print("| sessions | responses | busy | within SLO | max v2v | " + " | ".join(keys) + " |")
+    print("|" + "---|" * (len(keys) + 5))
     for row in table:
         cells = [f"{row[k][0]:.0f} / {row[k][1]:.0f}" if k != "tts_rtf" else f"{row[k][0]:.3f} / {row[k][1]:.3f}"
                  for k in keys]
-        print(f"| {row['sessions']} | {row['responses']} | " + " | ".join(cells) + " |")
+        print(f"| {row['sessions']} | {row['responses']} | {row['busy']} | {100 * row['within_slo']:.0f} % | "
+              f"{row['max_v2v']:.0f} | " + " | ".join(cells) + " |")
     return 0

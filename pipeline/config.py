@@ -158,11 +158,12 @@ class SchedulerConfig:
             reply to a few tokens a second (Sarathi-Serve's stall-free batching, Agrawal
             et al., OSDI 2024). A voice turn's prompt (≤ 256 new tokens past the cached
             system prompt) still fits in one step.
-        long_prompt_tokens, long_prefill_tokens_decoding: while any request decodes, a
-            prompt with more than ``long_prompt_tokens`` (256) left to prefill advances at
-            most ``long_prefill_tokens_decoding`` (32) tokens per step: one session's long
+        long_prompt_tokens, long_prefill_tokens, long_prefill_tokens_decoding: a prompt with
+            more than ``long_prompt_tokens`` (256) left to prefill advances at most
+            ``long_prefill_tokens_decoding`` (32) tokens per step while any other request
+            decodes or prefills, and ``long_prefill_tokens`` (128) alone: one session's long
             prompt then costs the others' replies a few percent per token instead of a
-            stall per chunk, and is prefilled at full speed in the gaps between replies
+            stall per chunk, and a turn that arrives meanwhile waits for one short step
             (vLLM's ``long_prefill_token_threshold`` idea; SRPT already lets short prompts
             pass it).
         max_prefill_attention: a chunk's tokens × the prompt tokens they attend to
@@ -181,6 +182,7 @@ class SchedulerConfig:
     max_prefill_tokens: int = 512
     max_prefill_tokens_decoding: int = 256
     long_prompt_tokens: int = 256
+    long_prefill_tokens: int = 128
     long_prefill_tokens_decoding: int = 32
     max_prefill_attention: int = 512 * 1536
     max_kv_tokens: int = 16384

@@ -11,7 +11,7 @@ from pipeline.config import AdmissionConfig, TurnConfig, VoxpipeConfig
 from pipeline.serving.admission import Admission, Ewma, Load
 from pipeline.session import events as ev
 from tests.fakes import Delta, FakeAsr, FakeLlm, LlmReply, fake_engines, silence, tone
-from tests.session_harness import Audio, Harness, Start, Text, WaitFor
+from tests.session_harness import Audio, Cancel, Harness, Start, Text, WaitFor
 
 IDLE = Load()
 
@@ -235,7 +235,7 @@ async def test_every_started_response_ends_even_when_the_reply_fails():
 
 def test_admission_learns_from_turns_that_came_in_later_than_predicted():
     a = policy(slo_ms=2000)
-    busy = Load(llm_running=2)  # others in flight: not idle
+    busy = Load(llm_running=2, llm_waiting=1)  # another user waits for a first token: not idle
     raw = a.predict_ms(busy, spoken=True, end_silence_ms=500)
     assert a.decide(busy, spoken=True, end_silence_ms=500, kv_tokens=1, now=0.0) is None
     for i in range(40):  # admitted turns (an idle server admits all) come in at 2.5x their prediction
@@ -260,7 +260,7 @@ def test_an_unknown_or_expired_turn_teaches_nothing():
 
 def test_a_long_prompt_predicts_its_prefill_and_its_miss_shrinks_no_limit():
     a = policy(slo_ms=2000, prior_prefill_ms_per_token=2.0, base_prompt_tokens=192)
-    busy = Load(llm_running=1)
+    busy = Load(llm_running=1, llm_waiting=1)  # another user waits for a first token
     short = a.predict_ms(busy, spoken=False, end_silence_ms=0, prompt_tokens=100)
     long = a.predict_ms(busy, spoken=False, end_silence_ms=0, prompt_tokens=1000)
     assert long - short == (1000 - 192) * 2.0
@@ -277,7 +277,7 @@ def test_a_long_prompt_predicts_its_prefill_and_its_miss_shrinks_no_limit():
 
 async def test_a_long_typed_question_is_refused_while_others_are_answered():
     llm = FakeLlm(default=LlmReply.of("Sure."))
-    llm.active, llm.slots = 1, 8  # another reply in flight: not idle
+    llm.active, llm.slots, llm.depth = 1, 8, 1  # another user waits for a first token: not idle
     cfg = VoxpipeConfig()
     h = Harness(engines=fake_engines(llm=llm), cfg=cfg, admission=Admission(cfg.admission))
     try:
@@ -285,5 +285,37 @@ async def test_a_long_typed_question_is_refused_while_others_are_answered():
         assert [e for e in seen if isinstance(e, ev.Busy)][0].reason == "queue"
         assert llm.requests == []
         await h.play([Text("What time is it?"), WaitFor(ev.ResponseDone)])
+    finally:
+        await h.close()
+
+
+def test_replies_that_only_play_leave_the_server_idle():
+    a = policy(slo_ms=2000)
+    playing = Load(llm_running=8, llm_slots=8)  # every slot decodes; nobody waits for a first token
+    assert a.corrected_ms(playing, spoken=False, end_silence_ms=0) > 0
+    a.limit = 1.0
+    assert a.decide(playing, spoken=False, end_silence_ms=0, kv_tokens=1, now=0.0, key="k") is None
+    # but the next one sees that turn waiting for its first audio
+    assert a.decide(playing, spoken=False, end_silence_ms=0, kv_tokens=1, now=0.0, key="j") is not None
+
+
+async def test_a_reply_cancelled_before_its_first_audio_gives_its_place_back():
+    """Ten cancel/restart cycles in one session (CASES C18) must not fill the concurrency
+    limit with turns nobody waits for any more."""
+    llm = FakeLlm(default=LlmReply.of("A very", " slow reply.", delay_s=30.0))
+    cfg = VoxpipeConfig()
+    cfg.admission = AdmissionConfig(initial_limit=1)
+    admission = Admission(cfg.admission)
+    h = Harness(engines=fake_engines(llm=llm), cfg=cfg, admission=admission)
+    try:
+        await h.play([Start()])
+        for i in range(3):
+            await h.play([Text(f"question {i}"), WaitFor(ev.ResponseStarted, count=i + 1), Cancel(),
+                          WaitFor(ev.ResponseCancelled, count=i + 1)])
+        assert not h.out.events(ev.Busy)
+        assert admission.critical(0.0) == 0 and admission.pending(0.0) == 0
+        llm.default = LlmReply.of("Paris.")
+        await h.play([Text("What is the capital of France?"), WaitFor(ev.ResponseDone)])
+        assert not h.out.events(ev.Busy)
     finally:
         await h.close()

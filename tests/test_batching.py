@@ -98,9 +98,9 @@ def test_long_prompt_is_prefilled_in_budget_sized_chunks_while_others_decode():
     assert [r.rid for r in s.running] == [1, 2] and s.requests[2].output_ids == [9]
 
 
-def test_a_long_prompt_trickles_while_others_decode_and_runs_full_speed_alone():
+def test_a_long_prompt_trickles_while_others_decode_or_wait_and_takes_short_chunks_alone():
     cfg = SchedulerConfig(max_batch_size=4, max_wait_ms=0, max_prefill_tokens=512, max_prefill_tokens_decoding=256,
-                          long_prompt_tokens=256, long_prefill_tokens_decoding=32)
+                          long_prompt_tokens=256, long_prefill_tokens=128, long_prefill_tokens_decoding=32)
     s = Scheduler(cfg)
     s.add(req(1, n_prompt=4, max_new=3))
     s.update(s.schedule(now=1), {1: 5})
@@ -116,7 +116,11 @@ def test_a_long_prompt_trickles_while_others_decode_and_runs_full_speed_alone():
     s.finish(3, FinishReason.ABORT)
     p = s.schedule(now=4)
     p = s.schedule(now=5) if not p.spans else p
-    assert p.decode == [] and p.spans[2][1] - p.spans[2][0] > 32  # nobody streams: full speed
+    assert p.decode == [] and p.spans[2][1] - p.spans[2][0] == 128  # alone: short steps, not trickles
+    s.update(p, {})
+    s.add(req(4, n_prompt=600, max_new=5))  # a second long prompt waits: neither holds the step long
+    p = s.schedule(now=6)
+    assert p.spans[2][1] - p.spans[2][0] == 32 and p.spans[4] == (0, 32)
 
 
 def test_abort_while_prefilling_frees_the_slot():
@@ -292,7 +296,7 @@ def test_prefill_budget_goes_to_the_shortest_remaining_prompt_first():
 
 
 def test_late_chunks_of_a_long_prompt_are_cut_by_attention_cost():
-    s = Scheduler(SchedulerConfig(max_batch_size=2, max_wait_ms=0, max_prefill_tokens=512))
+    s = Scheduler(SchedulerConfig(max_batch_size=2, max_wait_ms=0, max_prefill_tokens=512, long_prompt_tokens=10**6))
     s.add(req(1, n_prompt=7000))
     sizes = []
     while s.requests[1].num_computed < 7000:

@@ -74,7 +74,10 @@ class Client:
 
     async def __aexit__(self, *exc) -> None:
         self._reader.cancel()
-        await self.ws.close()
+        # a connection the server already closed has nothing to close (closing it again
+        # can hit asyncio's transport after it let go of its loop: AttributeError)
+        if not self.ws.connection_lost_waiter.done():
+            await self.ws.close()
 
     async def _read(self) -> None:
         try:

@@ -89,8 +89,11 @@ class Scheduler:
             if budget <= 0:
                 break
             cap = budget
-            if self.running and len(req.prompt_ids) - req.num_computed > c.long_prompt_tokens:
-                cap = min(cap, c.long_prefill_tokens_decoding)  # others are streaming: a long prompt trickles
+            if len(req.prompt_ids) - req.num_computed > c.long_prompt_tokens:
+                others = bool(self.running) or len(self.prefilling) > 1
+                # others stream or wait for a first token: a long prompt trickles; alone, it
+                # goes in chunks short enough that a newcomer waits little for the step
+                cap = min(cap, c.long_prefill_tokens_decoding if others else c.long_prefill_tokens)
             budget -= self._chunk(plan, req, cap)
         return plan
 

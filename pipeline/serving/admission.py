@@ -41,8 +41,9 @@ adapts by AIMD, as TCP's congestion window and Netflix's concurrency-limits do: 
 admitted turn that misses the SLO multiplies it by ``limit_backoff`` (at most once per
 SLO period), one that meets it adds ``1 / limit`` (about +1 per limit's worth of turns).
 
-Neither rule refuses a turn while the server is idle (no reply in flight, nothing
-queued): refusing it could not make anyone faster; on a slow machine the SLO is then
+Neither rule refuses a turn while the server is idle (no other user waiting for a first
+audio, nothing queued; replies already playing only share decode steps): refusing it
+could not make anyone faster; on a slow machine the SLO is then
 missed by the machine, not by load. A turn that would overflow the LLM's KV budget gets
 reason ``memory``. This is the admission-control remedy of the design article
 (DESIGN.md §5): refuse early, before work is spent, rather than queue into tens of seconds.
@@ -337,8 +338,8 @@ class Admission:
         refusal: Refusal | None = None
         predicted = self.corrected_ms(load, spoken=spoken, end_silence_ms=end_silence_ms, pending=pending,
                                       prompt_tokens=prompt_tokens)
-        idle = not (load.asr_waiting or load.tts_waiting or load.llm_waiting or pending or load.llm_running
-                    or critical)
+        # nobody else waits for a first audio (replies already playing only share decode steps)
+        idle = not (load.asr_waiting or load.tts_waiting or load.llm_waiting or pending or critical)
         slo = self.cfg.slo_ms
         if load.kv_reserved + kv_tokens > load.kv_budget and load.llm_running > 0:
             hold = self.times.reply_tokens.value * (load.llm_step_ms or self.times.llm_step.value)

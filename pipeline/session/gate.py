@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 
 from pipeline import metrics
 from pipeline.config import VoxpipeConfig
 from pipeline.engines import Engines
 from pipeline.serving.admission import Admission, Refusal, ServiceTimes
+from pipeline.session.types import TurnHooks
 
 logger = logging.getLogger(__name__)
 
@@ -49,8 +49,8 @@ class TurnGate:
             spoken: a spoken turn (False: typed).
             since_end_ms: time already gone since the end of the user's speech (ms; it is
                 part of voice-to-voice).
-            key: the admitted turn counts as queued for the LLM until :meth:`releaser`'s
-                callback for it runs (its request was submitted) or it expires.
+            key: the admitted turn counts as queued for the LLM until :meth:`hooks`'
+                ``on_submit`` for it runs (its request was submitted) or it expires.
             count: False for a look-ahead that decides nothing (whether to speculate).
             prompt_chars: characters of the prompt past the system prompt (history and
                 the turn's text; for speech, :data:`CHARS_PER_SPEECH_S` per second).
@@ -80,23 +80,22 @@ class TurnGate:
             self.admission.admitted += 1
             metrics.ADMISSIONS.labels("admitted", "").inc()
 
-    def releaser(self, key: object) -> Callable[[], None] | None:
-        """A callback that ends ``key``'s pending count (None without admission)."""
-        admission = self.admission
-        return None if admission is None else (lambda: admission.release(key))
-
-    def reporter(self, key: object) -> Callable[[float], None] | None:
-        """A callback taking ``key``'s actual voice-to-voice (ms) at its first audio, from
-        which admission learns its prediction's error (None without admission)."""
+    def hooks(self, key: object) -> TurnHooks:
+        """The callbacks a reply to ``key``'s turn calls: its LLM request was submitted
+        (it no longer counts as pending), its first audio went out (admission learns the
+        actual voice-to-voice time, ms, against its prediction), it ended (however: a
+        reply cancelled before its first audio no longer counts as waiting). Empty
+        without admission."""
         admission = self.admission
         if admission is None:
-            return None
+            return TurnHooks()
 
         def report(ms: float) -> None:
             admission.observe(key, ms, time.monotonic())
             logger.info("session %s: first audio %.0f ms after the end of speech (admission: limit %.1f, "
                         "correction %.2f)", self.id, ms, admission.limit, admission.correction.value)
-        return report
+        return TurnHooks(on_submit=lambda: admission.release(key), on_first_audio=report,
+                         on_end=lambda: admission.forget(key))
 
     def release(self, key: object) -> None:
         """``key``'s turn ended without a reply in flight: it is neither pending nor

@@ -21,7 +21,7 @@ from pipeline.session import events as ev
 from pipeline.session.history import ChatHistory
 from pipeline.session.responder import Responder
 from pipeline.session.turn_state import TurnState
-from pipeline.session.types import Outbox
+from pipeline.session.types import Outbox, TurnHooks
 from pipeline.worker import Busy
 
 logger = logging.getLogger(__name__)
@@ -111,26 +111,21 @@ class Replies:
                                times=self.times))
 
     def run(self, reply: Reply, user_text: str, *, turn_id: int, t_end: float, asr_ms: float,
-            on_submit: Callable[[], None] | None = None,
-            on_first_audio: Callable[[float], None] | None = None) -> None:
-        """Start ``reply``'s task, answering turn ``turn_id``; ``on_submit`` is called once
-        its LLM request was submitted (or refused), ``on_first_audio`` with its
-        voice-to-voice time (ms)."""
+            hooks: TurnHooks | None = None) -> None:
+        """Start ``reply``'s task, answering turn ``turn_id``, telling ``hooks`` when its
+        LLM request was submitted, its first audio went out and it ended."""
         reply.turn_id = turn_id
-        reply.responder.on_submit = on_submit
-        reply.responder.on_first_audio = on_first_audio
+        reply.responder.hooks = hooks or TurnHooks()
         reply.task = self._spawn(self._run(reply, user_text, t_end, asr_ms))
 
     async def begin(self, user_text: str, *, turn_id: int, t_end: float, asr_ms: float,
-                    on_submit: Callable[[], None] | None = None,
-                    on_first_audio: Callable[[float], None] | None = None) -> None:
+                    hooks: TurnHooks | None = None) -> None:
         """Cancel the current reply and answer ``user_text`` (turn ``turn_id``) with a new
         current one."""
         await self.cancel()
         reply = self.new()
         self.turn_state.reply_started()
-        self.run(reply, user_text, turn_id=turn_id, t_end=t_end, asr_ms=asr_ms, on_submit=on_submit,
-                 on_first_audio=on_first_audio)
+        self.run(reply, user_text, turn_id=turn_id, t_end=t_end, asr_ms=asr_ms, hooks=hooks)
         self.current = reply
 
     async def promote(self, reply: Reply) -> None:
@@ -186,3 +181,5 @@ class Replies:
                                                                     reason="error"))
         finally:
             self.settle(reply)
+            if reply.responder.hooks.on_end is not None:
+                reply.responder.hooks.on_end()

@@ -22,7 +22,7 @@ from pipeline.llm.types import FinishReason, GenRequest
 from pipeline.serving.admission import ServiceTimes
 from pipeline.session import events as ev
 from pipeline.session.history import ChatHistory
-from pipeline.session.types import Outbox
+from pipeline.session.types import Outbox, TurnHooks
 from pipeline.stages import TextStream
 from pipeline.tts.chunker import SentenceChunker, speakable
 
@@ -59,8 +59,7 @@ class Responder:
         self.history, self.output_rate, self.error = history, output_rate, error
         self.on_audio_start, self.release, self.times = on_audio_start, release, times
         self.started = False  # response.started was sent: the reply must end with done or cancelled
-        self.on_submit: Callable[[], None] | None = None  # told once the LLM request is queued (or refused)
-        self.on_first_audio: Callable[[float], None] | None = None  # told the voice-to-voice time (ms)
+        self.hooks = TurnHooks()  # admission's callbacks for this reply's turn
         self.spoken: list[str] = []
         self.timings: dict[str, float] = {}
         self.audio_s = 0.0
@@ -81,8 +80,8 @@ class Responder:
         try:
             stream = llm.submit(GenRequest(messages=messages, max_new_tokens=cfg.max_new_tokens))
         finally:
-            if self.on_submit is not None:
-                self.on_submit()
+            if self.hooks.on_submit is not None:
+                self.hooks.on_submit()
         self.started = True
         await self.out.send(ev.ResponseStarted(response_id=self.rid, user_text=user_text))
         speaker = asyncio.create_task(self._speak(t0, t_end))
@@ -179,8 +178,8 @@ class Responder:
         self.timings["tts_rtf"] = round(synth_s / audio_s, 3)
         if self.times is not None:
             self.times.tts_phrase.add(speech.synth_ms)
-        if self.on_first_audio is not None:
-            self.on_first_audio(self.timings["voice_to_voice"])
+        if self.hooks.on_first_audio is not None:
+            self.hooks.on_first_audio(self.timings["voice_to_voice"])
         if self.on_audio_start is not None:
             self.on_audio_start()
         metrics.FIRST_AUDIO.observe(now - max(t0, self._t_release))

@@ -165,7 +165,7 @@ class Session:
             return
         self._drop_speculation()
         await self.replies.begin(text, turn_id=turn_id, t_end=time.perf_counter(), asr_ms=0.0,
-                                 on_submit=self.gate.releaser(key), on_first_audio=self.gate.reporter(key))
+                                 hooks=self.gate.hooks(key))
 
     async def cancel_response(self) -> None:
         """Handle ``response.cancel``: stop the current reply, if any."""
@@ -385,7 +385,7 @@ class Session:
             return
         if await self._final_transcript(turn, result):
             await self.replies.begin(result.text, turn_id=self._turn_id(turn), t_end=t_end, asr_ms=turn.last_decode_ms,
-                                     on_submit=self.gate.releaser(turn), on_first_audio=self.gate.reporter(turn))
+                                     hooks=self.gate.hooks(turn))
 
     async def _final_transcript(self, turn: AsrTurn, result: Partial) -> bool:
         """Report the turn's final transcript; False (and ``turn.empty``) if it has no words."""
@@ -431,8 +431,7 @@ class Session:
         if text:
             spec.resp = self.replies.new(out=spec.outbox, release=spec.outbox.released)
             self.replies.run(spec.resp, text, turn_id=self._turn_id(spec.turn), t_end=spec.t_end,
-                             asr_ms=spec.turn.last_decode_ms, on_submit=self.gate.releaser(spec.turn),
-                             on_first_audio=self.gate.reporter(spec.turn))
+                             asr_ms=spec.turn.last_decode_ms, hooks=self.gate.hooks(spec.turn))
 
     def _drop_speculation(self, *, reopen: bool = True) -> None:
         """The user went on speaking (or the session changed): discard the speculation."""

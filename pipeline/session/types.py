@@ -3,6 +3,7 @@ turn tracker (16 kHz sample indices in the session's input stream)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -24,6 +25,23 @@ class Outbox(Protocol):
     async def audio(self, response_id: int, pcm16: bytes) -> None:
         """Send reply audio: PCM16 mono bytes at the session's output rate."""
         ...
+
+
+@dataclass(slots=True, frozen=True)
+class TurnHooks:
+    """What a reply tells admission about its turn (each optional).
+
+    Attributes:
+        on_submit: called once its LLM request was queued (or refused).
+        on_first_audio: called with its voice-to-voice time (ms) once its first audio
+            frame went out.
+        on_end: called once it ended, however (done, cancelled, failed): a turn cancelled
+            before its first audio must not keep holding its place.
+    """
+
+    on_submit: Callable[[], None] | None = None
+    on_first_audio: Callable[[float], None] | None = None
+    on_end: Callable[[], None] | None = None
 
 
 @dataclass(slots=True, frozen=True)
