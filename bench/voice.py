@@ -6,6 +6,10 @@ prints per-response medians/p95: first LLM token → first audio, first complete
 → first audio, TTS real-time factor, and voice-to-voice latency (end of the user's
 speech → first reply audio received by the client); per row also the turns refused with
 ``busy``, the share of answered turns within ``--slo-ms`` and the latest answer.
+
+Session *k* plays the clips starting from clip *k* (rotated), so concurrent users do not
+finish the same clip at the same instant; ``--lockstep`` gives every session the same
+order (every turn then ends in a burst of N at once: the worst case, not a typical one).
 """
 
 from __future__ import annotations
@@ -84,7 +88,7 @@ def main(args) -> int:
     if args.jfk_only:
         clips = [c for c in clips if "jfk" in c.name]
     port = _free_port()
-    proc = _start_server(args.llm, port, args.serve_args.split())
+    proc = _start_server(args.llm, port, args.serve_args.split(), log=args.server_log)
     url = f"ws://127.0.0.1:{port}/ws"
     table = []
     try:
@@ -93,7 +97,8 @@ def main(args) -> int:
             per = clips * args.repeat
 
             async def run(n: int, per: list[Path], rows: list[dict]) -> None:
-                await asyncio.gather(*(_session(url, per, rows) for _ in range(n)))
+                orders = [per if args.lockstep else per[k % len(per):] + per[:k % len(per)] for k in range(n)]
+                await asyncio.gather(*(_session(url, order, rows) for order in orders))
 
             asyncio.run(run(n, per, rows))
             answered = [r for r in rows if "busy" not in r]

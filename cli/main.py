@@ -81,6 +81,9 @@ def _parser() -> argparse.ArgumentParser:
     bv.add_argument("--sessions", type=int, nargs="+", default=[1, 4])
     bv.add_argument("--repeat", type=int, default=1)
     bv.add_argument("--jfk-only", action="store_true")
+    bv.add_argument("--lockstep", action="store_true",
+                    help="every session plays the clips in the same order (turns end together)")
+    bv.add_argument("--server-log", default=None, help="write the server's INFO log to this file")
     bv.add_argument("--slo-ms", type=float, default=2000.0, help="count answered turns within this voice-to-voice (ms)")
     bv.add_argument("--serve-args", default="", help="extra 'voxpipe serve' options, e.g. '--tts-threads 2'")
     bv.add_argument("--audio-dir", default=str(Path(__file__).resolve().parent.parent / "tests" / "data" / "audio"))

@@ -235,7 +235,8 @@ class AdmissionConfig:
         initial_limit, max_limit: the concurrency limit — admitted turns waiting for their
             first audio at once — starts at ``initial_limit`` (4) and adapts (AIMD, see
             :mod:`pipeline.serving.admission`) up to ``max_limit`` (64).
-        limit_backoff: factor applied to the limit when an admitted turn misses the SLO (0.75).
+        limit_backoff: factor applied to the limit when an admitted turn's first audio comes
+            later than ``headroom`` × ``slo_ms`` (0.75).
         headroom: a turn is refused when its corrected prediction exceeds this fraction of
             ``slo_ms`` (0.85): the prediction is an estimate, the SLO a promise.
         overload_s: the server counts as overloaded this long after it refused a turn

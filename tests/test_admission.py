@@ -4,14 +4,15 @@ fakes refusing a turn before any model work is spent on it. No models, no wall c
 from __future__ import annotations
 
 import math
+import threading
 
 import pytest
 
 from pipeline.config import AdmissionConfig, TurnConfig, VoxpipeConfig
-from pipeline.serving.admission import Admission, Ewma, Load
+from pipeline.serving.admission import Admission, Ewma, Load, Prediction, RatioQuantile
 from pipeline.session import events as ev
 from tests.fakes import Delta, FakeAsr, FakeLlm, LlmReply, fake_engines, silence, tone
-from tests.session_harness import Audio, Cancel, Harness, Start, Text, WaitFor
+from tests.session_harness import Audio, Cancel, Harness, Start, Text, WaitFor, WaitUntil
 
 IDLE = Load()
 
@@ -101,13 +102,21 @@ def test_the_concurrency_limit_shrinks_on_a_miss_and_grows_back_on_hits():
     a.observe(keys[2], 900.0, now=2.0)  # a hit: +1/limit
     assert a.limit == 2.5
     a.observe(keys[3], 900.0, now=2.0)
-    for i in range(20):
-        k = f"hit{i}"
-        assert a.decide(IDLE, spoken=False, end_silence_ms=0, kv_tokens=1, now=20.0, key=k) is None
-        a.release(k)
-        a.observe(k, 900.0, now=20.0)
-    assert 4.0 < a.limit < 8.0  # additive increase: about +1 per limit's worth of hits (those not predicted late)
+    a.correction = RatioQuantile(q=0.9)  # (forget the misses' lesson: the correction is another test's subject)
+    for i in range(20):  # two users at a time: the limit grows while that is at least half of it
+        pair = [f"hit{i}a", f"hit{i}b"]
+        for k in pair:
+            assert a.decide(IDLE, spoken=False, end_silence_ms=0, kv_tokens=1, now=20.0, key=k) is None
+        for k in pair:
+            a.release(k)
+            a.observe(k, 900.0, now=20.0)
+    assert 4.0 < a.limit < 4.5  # about +1 per limit's worth of hits, then no more: 2 of 4+ proves nothing
     before = a.limit
+    for i in range(10):  # one at a time: hits, but the limit was not in use
+        assert a.decide(IDLE, spoken=False, end_silence_ms=0, kv_tokens=1, now=25.0, key=f"alone{i}") is None
+        a.release(f"alone{i}")
+        a.observe(f"alone{i}", 900.0, now=25.0)
+    assert a.limit == before
     assert a.decide(IDLE, spoken=False, end_silence_ms=0, kv_tokens=1, now=30.0, key="miss") is None
     a.release("miss")
     a.observe("miss", 2500.0, now=30.0)  # a surprising miss: halved
@@ -115,9 +124,15 @@ def test_the_concurrency_limit_shrinks_on_a_miss_and_grows_back_on_hits():
     a.limit = 1.2
     assert a.decide(IDLE, spoken=False, end_silence_ms=0, kv_tokens=1, now=40.0, key="floor") is None
     a.release("floor")
-    a._predicted["floor"] = (650.0, 0.0, 100.0, False)  # (as predicted on time)
+    a._predicted["floor"] = Prediction(650.0, 0.0, 100.0, False, True)  # (as predicted on time)
     a.observe("floor", 2500.0, now=40.0)
     assert a.limit == 1.0  # never below one turn at a time
+    a.limit = 4.0
+    assert a.decide(IDLE, spoken=False, end_silence_ms=0, kv_tokens=1, now=50.0, key="near") is None
+    a.release("near")
+    a._predicted["near"] = Prediction(650.0, 0.0, 100.0, False, True)
+    a.observe("near", 1800.0, now=50.0)  # within the SLO, but past its headroom (0.85 × 2000): back off
+    assert a.limit == 2.0
     assert a.decide(IDLE, spoken=False, end_silence_ms=0, kv_tokens=1, now=500.0) is None  # idle: admitted
 
 
@@ -286,6 +301,30 @@ async def test_a_long_typed_question_is_refused_while_others_are_answered():
         assert llm.requests == []
         await h.play([Text("What time is it?"), WaitFor(ev.ResponseDone)])
     finally:
+        await h.close()
+
+
+async def test_a_reply_stopped_before_its_response_started_sends_no_response_cancelled():
+    """``response.cancelled`` closes a started response; it never names one the client
+    was not told about."""
+    entered, gate = threading.Event(), threading.Event()
+
+    class SlowPromptLlm(FakeLlm):
+        def count_tokens(self, messages: list[dict]) -> int:
+            if not entered.is_set():  # the first reply is still building its prompt
+                entered.set()
+                gate.wait(60)
+            return super().count_tokens(messages)
+
+    llm = SlowPromptLlm(default=LlmReply.of("Sure."))
+    h = Harness(engines=fake_engines(llm=llm))
+    try:
+        await h.play([Start(), Text("first"), WaitUntil(entered.is_set, "the first prompt is built"), Cancel(),
+                      Text("second"), WaitFor(ev.ResponseDone)])
+        assert len(h.out.events(ev.ResponseStarted)) == 1 and not h.out.events(ev.ResponseCancelled)
+        assert len(llm.requests) == 1  # the stopped reply never reached the model
+    finally:
+        gate.set()
         await h.close()
 
 

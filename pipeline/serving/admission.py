@@ -38,8 +38,13 @@ A prediction from the queues now cannot see the turns admitted a moment later, w
 will compete for the same cores. So admission also keeps a **concurrency limit**: at
 most ``limit`` admitted turns may be waiting for their first audio at once. The limit
 adapts by AIMD, as TCP's congestion window and Netflix's concurrency-limits do: an
-admitted turn that misses the SLO multiplies it by ``limit_backoff`` (at most once per
-SLO period), one that meets it adds ``1 / limit`` (about +1 per limit's worth of turns).
+admitted turn whose first audio comes later than ``headroom`` × ``slo_ms`` (a miss, or
+nearly one: the limit backs off before users see misses, as delay-based congestion
+control such as TCP Vegas does) multiplies it by ``limit_backoff`` (at most once per
+SLO period), one that comes sooner adds ``1 / limit`` (about +1 per limit's worth of
+turns) — but only if at least half the limit was in use when it was admitted (as
+Netflix's AIMDLimit and RFC 7661's congestion-window validation do): a light load proves
+nothing about a bigger burst, and a limit grown by it would admit that burst whole.
 
 Neither rule refuses a turn while the server is idle (no other user waiting for a first
 audio, nothing queued; replies already playing only share decode steps): refusing it
@@ -54,6 +59,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from pipeline.config import AdmissionConfig
 from pipeline.worker import Busy, BusyReason
@@ -174,6 +180,16 @@ class Refusal:
         return Busy(self.message, reason=self.reason, retry_after_ms=self.retry_after_ms)
 
 
+class Prediction(NamedTuple):
+    """What admission predicted for an admitted turn, kept until its first audio."""
+
+    service_ms: float  # the predicted service time (all but the silence)
+    silence_ms: float  # the end-of-turn silence already gone
+    expires: float  # when to forget it (monotonic s)
+    late: bool  # predicted over the SLO (admitted only because the server was idle)
+    limit_used: bool  # at least half the concurrency limit was in use at its admission
+
+
 @dataclass(slots=True)
 class Admission:
     """The process-wide admission policy (one per server, shared by its sessions).
@@ -193,8 +209,7 @@ class Admission:
     _last_refusal: float = -math.inf  # when a turn was last refused (s)
     _pending: dict[object, float] = field(default_factory=dict)  # admitted turn → expiry (s)
     _critical: dict[object, float] = field(default_factory=dict)  # admitted, first audio not out → expiry
-    # admitted turn → (predicted service ms, the silence already gone ms, expiry s, predicted late)
-    _predicted: dict[object, tuple[float, float, float, bool]] = field(default_factory=dict)
+    _predicted: dict[object, Prediction] = field(default_factory=dict)  # admitted turn → its prediction
 
     def __post_init__(self) -> None:
         self.times = ServiceTimes.from_config(self.cfg)
@@ -205,7 +220,7 @@ class Admission:
         """Admitted turns not yet submitted to the LLM (expired entries dropped)."""
         for key in [k for k, exp in self._pending.items() if exp <= now]:
             del self._pending[key]
-        for key in [k for k, (_, _, exp, _) in self._predicted.items() if exp <= now]:
+        for key in [k for k, p in self._predicted.items() if p.expires <= now]:
             del self._predicted[key]
         return len(self._pending)
 
@@ -228,17 +243,16 @@ class Admission:
         entry = self._predicted.pop(key, None)
         if entry is None:
             return
-        service, silence, _, late = entry
-        if service > 0:
-            self.correction.add(min(4.0, max(0.5, (actual_ms - silence) / service)))
+        if entry.service_ms > 0:
+            self.correction.add(min(4.0, max(0.5, (actual_ms - entry.silence_ms) / entry.service_ms)))
         c = self.cfg
-        if late:
+        if entry.late:
             return
-        if actual_ms > c.slo_ms:
+        if actual_ms > c.headroom * c.slo_ms:  # a miss, or about to be: back off before users see one
             if now - self._last_backoff >= c.slo_ms / 1000:  # one backoff per SLO period
                 self.limit = max(1.0, self.limit * c.limit_backoff)
                 self._last_backoff = now
-        else:
+        elif entry.limit_used:
             self.limit = min(c.max_limit, self.limit + 1.0 / self.limit)
 
     def release(self, key: object) -> None:
@@ -328,7 +342,8 @@ class Admission:
             # correction, but its miss is no surprise: it does not shrink the limit
             late = self.corrected_ms(load, spoken=spoken, end_silence_ms=end_silence_ms, pending=others,
                                      prompt_tokens=prompt_tokens) > self.cfg.slo_ms
-            self._predicted[key] = (raw - silence, silence, now + 6 * self.cfg.pending_ttl_s, late)
+            used = 2 * self.critical(now) >= self.limit  # (the critical count includes this turn)
+            self._predicted[key] = Prediction(raw - silence, silence, now + 6 * self.cfg.pending_ttl_s, late, used)
         return refusal
 
     def _refusal(self, load: Load, spoken: bool, end_silence_ms: float, kv_tokens: int,

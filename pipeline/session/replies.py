@@ -141,7 +141,8 @@ class Replies:
             self.turn_state.reply_ended()
 
     async def cancel(self, reason: ev.CancelReason = "new_turn") -> None:
-        """Cancel the current reply, if it runs, and send ``response.cancelled``.
+        """Cancel the current reply, if it runs, and send ``response.cancelled`` if its
+        ``response.started`` went out.
         ``reason``: ``client`` (response.cancel), ``barge_in``, ``continued`` (the user
         went on with the same turn), ``new_turn`` or ``restart`` (a new session.start)."""
         reply, self.current = self.current, None
@@ -156,6 +157,8 @@ class Replies:
             for frame in task.get_stack():
                 logger.warning("  at %s:%d %s", frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
         self.turn_state.reply_ended()
+        if not reply.responder.started:  # no response.started went out: nothing to close
+            return
         spoken = " ".join(reply.responder.spoken).strip()
         await self.out.send(ev.ResponseCancelled(response_id=reply.rid, spoken_text=spoken, reason=reason))
 
