@@ -304,6 +304,26 @@ async def test_a_long_typed_question_is_refused_while_others_are_answered():
         await h.close()
 
 
+async def test_a_reply_cancelled_before_its_task_ran_gives_its_place_back():
+    """``text.input`` then ``response.cancel`` at once: the reply's task is cancelled before
+    it ever ran (CASES C18 without pauses) and must still give its admission place back."""
+    llm = FakeLlm(default=LlmReply.of("Sure."))
+    cfg = VoxpipeConfig()
+    cfg.admission = AdmissionConfig(initial_limit=1)
+    admission = Admission(cfg.admission)
+    h = Harness(engines=fake_engines(llm=llm), cfg=cfg, admission=admission)
+    try:
+        await h.play([Start()])
+        for i in range(5):
+            await h.play([Text(f"question {i}"), Cancel()])
+        await h.play([WaitUntil(lambda: admission.critical(0.0) == 0 and admission.pending(0.0) == 0,
+                                "every cancelled turn's place is back")])
+        await h.play([Text("What is the capital of France?"), WaitFor(ev.ResponseDone)])
+        assert not h.out.events(ev.Busy)
+    finally:
+        await h.close()
+
+
 async def test_a_reply_stopped_before_its_response_started_sends_no_response_cancelled():
     """``response.cancelled`` closes a started response; it never names one the client
     was not told about."""

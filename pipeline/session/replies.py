@@ -115,8 +115,11 @@ class Replies:
         """Start ``reply``'s task, answering turn ``turn_id``, telling ``hooks`` when its
         LLM request was submitted, its first audio went out and it ended."""
         reply.turn_id = turn_id
-        reply.responder.hooks = hooks or TurnHooks()
+        reply.responder.hooks = hooks = hooks or TurnHooks()
         reply.task = self._spawn(self._run(reply, user_text, t_end, asr_ms))
+        if hooks.on_end is not None:  # also when the task is cancelled before it ever ran
+            on_end = hooks.on_end
+            reply.task.add_done_callback(lambda _task: on_end())
 
     async def begin(self, user_text: str, *, turn_id: int, t_end: float, asr_ms: float,
                     hooks: TurnHooks | None = None) -> None:
@@ -184,5 +187,3 @@ class Replies:
                                                                     reason="error"))
         finally:
             self.settle(reply)
-            if reply.responder.hooks.on_end is not None:
-                reply.responder.hooks.on_end()
