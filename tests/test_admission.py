@@ -304,14 +304,19 @@ async def test_a_long_typed_question_is_refused_while_others_are_answered():
         await h.close()
 
 
+def one_at_a_time(llm: FakeLlm) -> tuple[Harness, Admission]:
+    """A session on fakes whose admission lets one user wait for a first audio at a time."""
+    cfg = VoxpipeConfig()
+    cfg.admission = AdmissionConfig(initial_limit=1)
+    admission = Admission(cfg.admission)
+    return Harness(engines=fake_engines(llm=llm), cfg=cfg, admission=admission), admission
+
+
 async def test_a_reply_cancelled_before_its_task_ran_gives_its_place_back():
     """``text.input`` then ``response.cancel`` at once: the reply's task is cancelled before
     it ever ran (CASES C18 without pauses) and must still give its admission place back."""
     llm = FakeLlm(default=LlmReply.of("Sure."))
-    cfg = VoxpipeConfig()
-    cfg.admission = AdmissionConfig(initial_limit=1)
-    admission = Admission(cfg.admission)
-    h = Harness(engines=fake_engines(llm=llm), cfg=cfg, admission=admission)
+    h, admission = one_at_a_time(llm)
     try:
         await h.play([Start()])
         for i in range(5):
@@ -362,10 +367,7 @@ async def test_a_reply_cancelled_before_its_first_audio_gives_its_place_back():
     """Ten cancel/restart cycles in one session (CASES C18) must not fill the concurrency
     limit with turns nobody waits for any more."""
     llm = FakeLlm(default=LlmReply.of("A very", " slow reply.", delay_s=30.0))
-    cfg = VoxpipeConfig()
-    cfg.admission = AdmissionConfig(initial_limit=1)
-    admission = Admission(cfg.admission)
-    h = Harness(engines=fake_engines(llm=llm), cfg=cfg, admission=admission)
+    h, admission = one_at_a_time(llm)
     try:
         await h.play([Start()])
         for i in range(3):
