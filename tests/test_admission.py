@@ -353,6 +353,16 @@ async def test_a_reply_stopped_before_its_response_started_sends_no_response_can
         await h.close()
 
 
+def test_a_turn_does_not_wait_behind_its_own_speculation():
+    """A speculation admitted at the pause holds its turn's place; when the turn then ends
+    (before the speculation's transcript is back) the server is still idle for it."""
+    a = policy(slo_ms=2000, prior_llm_step_ms=400)  # predicted far over the SLO: only idleness admits
+    assert a.decide(IDLE, spoken=True, end_silence_ms=300, kv_tokens=1, now=0.0, key="turn", count=False) is None
+    assert a.critical(0.0) == 1
+    assert a.decide(IDLE, spoken=True, end_silence_ms=500, kv_tokens=1, now=0.1, key="turn") is None
+    assert a.decide(IDLE, spoken=True, end_silence_ms=500, kv_tokens=1, now=0.1, key="another") is not None
+
+
 def test_replies_that_only_play_leave_the_server_idle():
     a = policy(slo_ms=2000)
     playing = Load(llm_running=8, llm_slots=8)  # every slot decodes; nobody waits for a first token

@@ -324,8 +324,10 @@ class Admission:
             now: a monotonic clock (s), for pending turns' expiry.
             prompt_tokens: the turn's prompt past the cached system prompt (an estimate).
         """
-        refusal = self._refusal(load, spoken, end_silence_ms, kv_tokens, self.pending(now), self.critical(now),
-                                prompt_tokens)
+        # a turn never waits behind itself (its own speculation may hold a place under its key)
+        pending = self.pending(now) - (key is not None and key in self._pending)
+        critical = self.critical(now) - (key is not None and key in self._critical)
+        refusal = self._refusal(load, spoken, end_silence_ms, kv_tokens, pending, critical, prompt_tokens)
         if count:
             self.admitted += refusal is None
             self.refused += refusal is not None
