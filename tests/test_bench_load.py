@@ -45,7 +45,12 @@ def test_percentiles_are_nearest_rank():
 @pytest.mark.timeout(900)
 def test_a_tiny_run_prints_the_table_and_the_counters_agree():
     out = subprocess.run([sys.executable, "-m", "cli", "bench", "load", "--rate", "0.3", "--multiples", "1",
-                          "--duration", "8"], cwd=ROOT, capture_output=True, text=True, timeout=850)
+                          "--duration", "8", "--llm-table-requests", "2"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=850)
     assert out.returncode == 0, out.stderr[-3000:]
     rows = [line for line in out.stdout.splitlines() if line.startswith("| 1× R_sus |")]
     assert len(rows) == 1 and rows[0].rstrip().endswith("| yes |"), out.stdout
+    # then the design article's four-row table, on the same machine
+    modes = [line.split("|")[1].strip() for line in out.stdout.splitlines() if line.startswith("| ")]
+    for mode in ("no batching", "static batch 4", "dynamic batching", "dynamic + int8"):
+        assert mode in modes, out.stdout
