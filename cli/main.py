@@ -41,6 +41,23 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--slo-ms", type=float, default=2000.0,
                    help="voice-to-voice latency target: a turn predicted to miss it is refused with busy (ms)")
     s.add_argument("--no-admission", action="store_true", help="admit every turn, whatever the load")
+    s.add_argument("--fallback-llm", default="auto",
+                   help="smaller LLM for degraded service (out-of-memory ladder step 3, SLO adaptation, LLM "
+                        "breaker): a model name or folder; auto: smollm2 unless --llm is smollm2; none: off")
+    s.add_argument("--preload-fallback", action="store_true",
+                   help="load the fallback LLM at start (default: on first need, in the background)")
+    s.add_argument("--fault", action="append", default=[], metavar="RULE",
+                   help="inject faults for tests and drills: STAGE:KIND[@FIRST][xCOUNT], e.g. llm:oom@1x2, "
+                        "tts:slow:2000@1x*, asr:error@1x* (repeatable; also VOXPIPE_FAULTS; SIGUSR1 stops them)")
+    s.add_argument("--ladder-calm-s", type=float, default=60.0,
+                   help="no out-of-memory error for this long steps a stage's ladder down one level")
+    s.add_argument("--breaker-open-s", type=float, default=10.0,
+                   help="an open circuit breaker rejects calls this long before probing")
+    s.add_argument("--breaker-slow-ms", action="append", default=[], metavar="STAGE=MS",
+                   help="a stage call this long is slow for its breaker (defaults asr=3000, llm=2000, tts=1500)")
+    s.add_argument("--adapt-down-s", type=float, default=60.0,
+                   help="SLO adaptation: time back under the SLO before a step is undone")
+    s.add_argument("--no-adapt", action="store_true", help="do not adapt replies to the SLO at run time")
     s.add_argument("--log-level", default="INFO")
 
     a = sub.add_parser("ask", help="send an audio file, print and save the spoken reply")
@@ -144,6 +161,7 @@ def _serve(args) -> int:
     from pipeline.config import (
         AdmissionConfig,
         AsrConfig,
+        DegradeConfig,
         LlmConfig,
         SchedulerConfig,
         ServerConfig,
@@ -163,11 +181,31 @@ def _serve(args) -> int:
         server=ServerConfig(host=args.host, port=args.port, max_sessions=args.max_sessions),
     )
     try:
+        cfg.degrade = _degrade_config(args, DegradeConfig)
         cfg.validate()
     except ValueError as exc:
         print(f"voxpipe: bad configuration: {exc}", file=sys.stderr)
         return 2
     return asyncio.run(_serve_async(cfg))
+
+
+def _degrade_config(args, cls):
+    """``DegradeConfig`` from the flags and ``VOXPIPE_FAULTS``.
+
+    Raises:
+        ValueError: a ``--breaker-slow-ms`` that is not STAGE=MS.
+    """
+    slow = dict(cls().breaker_slow_ms)
+    for item in args.breaker_slow_ms:
+        stage, _, ms = item.partition("=")
+        try:
+            slow[stage.strip()] = float(ms)
+        except ValueError:
+            raise ValueError(f"--breaker-slow-ms {item!r}: expected STAGE=MS, e.g. tts=1500") from None
+    faults = tuple(args.fault) + ((os.environ["VOXPIPE_FAULTS"],) if os.environ.get("VOXPIPE_FAULTS") else ())
+    return cls(faults=faults, fallback_llm=args.fallback_llm, preload_fallback=args.preload_fallback,
+               ladder_calm_s=args.ladder_calm_s, breaker_open_s=args.breaker_open_s, breaker_slow_ms=slow,
+               adapt=not args.no_adapt, adapt_down_s=args.adapt_down_s)
 
 
 async def _serve_async(cfg) -> int:
@@ -180,6 +218,7 @@ async def _serve_async(cfg) -> int:
     app = VoxpipeServer(engines, cfg)
     server = await app.serve()
     await warm_up(engines)
+    app.governor.faults.arm()  # calls are counted from here: the warm-up's are not
     app.ready = True
     host, port = cfg.server.host, cfg.server.port
     log.info("voxpipe ready: ws://%s:%d/ws  web demo: http://%s:%d/", host, port, host, port)
@@ -188,6 +227,7 @@ async def _serve_async(cfg) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGUSR1, app.governor.faults.clear)  # a drill's end: stop injecting faults
     await stop.wait()
     server.close()
     await server.wait_closed()
@@ -198,12 +238,13 @@ async def _serve_async(cfg) -> int:
 def _ask(args) -> int:
     from websockets.exceptions import WebSocketException
 
-    from clients.client import ServerUnavailable, ask, describe_busy, save_reply
+    from clients.client import ServerUnavailable, ask, describe_busy, describe_status, save_reply
 
     try:
         live = None if args.json else (lambda p: print(f"  ... {p['text']}", flush=True))
+        status = None if args.json else (lambda s: print(describe_status(s, column=12), flush=True))
         res = asyncio.run(ask(args.audio, url=args.url, fast=args.fast, timeout_s=args.timeout,
-                              language=args.language, on_partial=live))
+                              language=args.language, on_partial=live, on_status=status))
     except ServerUnavailable as exc:
         print(f"voxpipe ask: {exc}", file=sys.stderr)
         return 3
@@ -220,6 +261,8 @@ def _ask(args) -> int:
     else:
         print(f"you said:   {res.transcript or '(nothing)'}")
         why = f" (turn.empty: {res.empty_reason})" if res.empty_reason and not res.reply_text else ""
+        if res.text_only and res.reply_text:
+            why = " (text only: speech unavailable)"
         print(f"voxpipe:    {res.reply_text or '(no reply)'}{why}")
         if res.busy and not res.reply_text:
             retry_s = (res.busy.get("retry_after_ms") or 0) / 1000

@@ -23,8 +23,11 @@ BUSY_REASONS = {
     "memory": "the language model's memory is full",
     "sessions": "too many sessions are open",
     "stage": "a processing stage's queue is full",
+    "ladder": "a model ran out of memory: new turns are refused while it recovers",
+    "breaker": "a processing stage is failing or too slow: its circuit breaker is open",
 }
-"""What each ``busy`` reason means, in plain words (docs/PROTOCOL.md, "Admission")."""
+"""What each ``busy`` reason means, in plain words (docs/PROTOCOL.md, "Admission" and
+"Degraded service")."""
 
 CLOSE_TRY_AGAIN_LATER = 1013
 """Close code of a session refused by the server's session cap right after the upgrade."""
@@ -39,6 +42,34 @@ def describe_busy(busy: dict) -> str:
     reason = busy.get("reason") or "unknown"
     line = f"server busy ({reason}): {BUSY_REASONS.get(reason, 'it cannot take this turn now')}"
     return f"{line}: {busy['message']}" if busy.get("message") else line
+
+
+def describe_condition(cond: dict) -> str:
+    """One degradation of a ``server.status`` in words, e.g. ``llm out-of-memory step 2 —
+    new turns refused`` (what is degraded, then the server's ``effect``)."""
+    source, stage, level = cond.get("source"), cond.get("stage"), str(cond.get("level", "?"))
+    if source == "ladder":
+        what = f"{stage or 'a stage'} out-of-memory step {level}"
+    elif source == "breaker":
+        what = f"{stage or 'a stage'} breaker {level.replace('_', '-')}"
+    elif source == "slo":
+        what = f"latency over the SLO, level {level}"
+    else:  # a source this client does not know yet
+        what = " ".join(str(x) for x in (source or "condition", stage, level) if x)
+    effect = cond.get("effect")
+    return f"{what} — {effect}" if effect else what
+
+
+def describe_status(status: dict, *, column: int = 0) -> str:
+    """One line for a ``server.status`` event: ``degraded: <each condition>`` while the
+    server is degraded, ``service: back to normal`` once it is not; ``column`` pads the
+    label (``voxpipe ask`` aligns it with its other lines: ``degraded:   ...``)."""
+    if not status.get("degraded"):
+        label, text = "service:", "back to normal"
+    else:
+        conditions = status.get("conditions") or []
+        label, text = "degraded:", "; ".join(describe_condition(c) for c in conditions) or "(no details)"
+    return f"{label:<{column}}" + (text if column > len(label) else f" {text}")
 
 
 def sessions_busy(message: str, retry_after_s: str | float | None = None) -> dict:
@@ -83,6 +114,8 @@ class AskResult:
     errors: list[dict] = field(default_factory=list)
     empty_reason: str | None = None  # the turn had no words: ``turn.empty``'s reason
     busy: dict | None = None  # the turn was refused: ``busy``'s reason, retry_after_ms, message
+    status: dict | None = None  # the latest ``server.status`` (degraded, conditions), if any came
+    text_only: bool = False  # the reply came without audio (the TTS stage's breaker was open)
 
     @property
     def reply_audio_s(self) -> float:
@@ -92,7 +125,8 @@ class AskResult:
         return {"transcript": self.transcript, "reply_text": self.reply_text,
                 "reply_audio_s": round(self.reply_audio_s, 3), "timings_ms": self.timings_ms,
                 "partials": self.partials, "turn_empty": self.empty_reason, "busy": self.busy,
-                "errors": [{"code": e.get("code"), "message": e.get("message")} for e in self.errors]}
+                "errors": [{"code": e.get("code"), "message": e.get("message")} for e in self.errors],
+                "text_only": self.text_only, "status": self.status}
 
 
 def _pcm16_frames(path: str) -> tuple[list[bytes], int, int]:
@@ -107,11 +141,14 @@ def _pcm16_frames(path: str) -> tuple[list[bytes], int, int]:
 
 async def ask(path: str, *, url: str, fast: bool = False, output_rate: int = 24000,
               timeout_s: float = 120.0, language: str | None = None,
-              on_partial: Callable[[dict], None] | None = None) -> AskResult:
+              on_partial: Callable[[dict], None] | None = None,
+              on_status: Callable[[dict], None] | None = None) -> AskResult:
     """Stream ``path`` (any soundfile-readable file, sent as PCM16 at its own rate and
     channel count) at real-time pace (or as fast as possible), send ``input.end``, and
     wait for the reply. ``on_partial`` is called with each ``{"t_ms", "text"}`` partial
-    transcript as it arrives (``t_ms``: since the first audio was sent).
+    transcript as it arrives (``t_ms``: since the first audio was sent); ``on_status``
+    with each ``server.status`` event (the server's service level changed: degraded or back
+    to normal).
 
     A session refused by the server's session cap (HTTP 503, or close code 1013) comes back
     as ``busy`` with reason ``sessions``, like a refused turn.
@@ -163,7 +200,7 @@ async def ask(path: str, *, url: str, fast: bool = False, output_rate: int = 240
 
         send_task = asyncio.create_task(sender())
         try:
-            await asyncio.wait_for(_receive(ws, res, marks, on_partial), timeout_s)
+            await asyncio.wait_for(_receive(ws, res, marks, on_partial, on_status), timeout_s)
         except ConnectionClosed as exc:
             res.busy = refused_session(exc)
             if res.busy is None:
@@ -175,7 +212,8 @@ async def ask(path: str, *, url: str, fast: bool = False, output_rate: int = 240
     return res
 
 
-async def _receive(ws, res: AskResult, marks: dict, on_partial: Callable[[dict], None] | None) -> None:
+async def _receive(ws, res: AskResult, marks: dict, on_partial: Callable[[dict], None] | None,
+                   on_status: Callable[[dict], None] | None = None) -> None:
     audio: dict[int, list[np.ndarray]] = {}
     async for msg in ws:
         now = time.perf_counter()
@@ -202,6 +240,7 @@ async def _receive(ws, res: AskResult, marks: dict, on_partial: Callable[[dict],
         elif kind == "response.done":
             rid = ev["response_id"]
             res.reply_text = ev["text"]
+            res.text_only = bool(ev.get("text_only"))
             res.reply_audio = audio.get(rid, [])
             if ("first_audio", rid) in marks:
                 marks["first_audio"] = marks[("first_audio", rid)]
@@ -219,6 +258,10 @@ async def _receive(ws, res: AskResult, marks: dict, on_partial: Callable[[dict],
             res.busy = {k: ev.get(k) for k in ("reason", "retry_after_ms", "message")}
             if "input_end" in marks:
                 return
+        elif kind == "server.status":
+            res.status = {"degraded": bool(ev.get("degraded")), "conditions": ev.get("conditions") or []}
+            if on_status is not None:
+                on_status(ev)
         elif kind == "error":
             res.errors.append(ev)
             if ev.get("fatal"):

@@ -8,7 +8,7 @@ import math
 import sys
 from typing import TextIO
 
-from clients.client import describe_busy, refused_session
+from clients.client import describe_busy, describe_status, refused_session
 from server.protocol import parse_audio_frame
 
 RATE = 16000
@@ -22,7 +22,8 @@ class Console:
     with its reason and message; on a terminal a countdown follows on the next line
     ("retry in N s", rewritten in place each second, then "you can try again now"), which
     any later message ends first. Elsewhere (a pipe, a log) the busy line says when to
-    retry, once."""
+    retry, once. A ``server.status`` gets one line: what is degraded and what that means
+    for the user, or that service is back to normal."""
 
     def __init__(self, stream: TextIO | None = None) -> None:
         self.stream = stream if stream is not None else sys.stderr
@@ -31,6 +32,15 @@ class Console:
     def say(self, text: str) -> None:
         self.end_countdown()
         print(text, file=self.stream, flush=True)
+
+    def status(self, ev: dict) -> None:
+        """Report a ``server.status`` event (degraded service, or back to normal)."""
+        self.say(f"voxpipe mic: {describe_status(ev)}")
+
+    def reply(self, ev: dict) -> None:
+        """Report a ``response.done``: the reply's text, marked when it came without speech."""
+        note = " (text only: speech unavailable)" if ev.get("text_only") else ""
+        self.say(f"voxpipe: {ev['text']}{note}")
 
     def busy(self, ev: dict, *, countdown: bool = True) -> None:
         """Report a ``busy`` event's fields (a countdown needs a running event loop)."""
@@ -103,12 +113,14 @@ async def _session(url: str, input_device, output_device, console: Console) -> N
                 if kind == "transcript.final":
                     console.say(f"you: {ev['text']}")
                 elif kind == "response.done":
-                    console.say(f"voxpipe: {ev['text']}")
+                    console.reply(ev)
                 elif kind == "response.cancelled":
                     cancelled.add(ev["response_id"])
                     player.flush()
                 elif kind == "busy":
                     console.busy(ev)
+                elif kind == "server.status":
+                    console.status(ev)
                 elif kind == "error":
                     console.say(f"error {ev['code']}: {ev['message']}")
         finally:

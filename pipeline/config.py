@@ -263,6 +263,67 @@ class AdmissionConfig:
 
 
 @dataclass(slots=True, kw_only=True)
+class DegradeConfig:
+    """Degrade, don't die (DESIGN.md §5): the out-of-memory ladder, circuit breakers, SLO
+    adaptation, the fallback model and fault injection (:mod:`pipeline.serving.governor`).
+
+    Attributes:
+        faults: fault-injection rules (``--fault``, ``VOXPIPE_FAULTS``; see
+            :mod:`pipeline.serving.faults`); empty: none.
+        fallback_llm: the smaller LLM for ladder step 3 and for degraded turns: a model name
+            or folder; ``auto`` = ``smollm2`` when the main model is another one, else none;
+            ``none`` disables it.
+        preload_fallback: load the fallback model at start (default: on first need, in the
+            background; until it is loaded, turns stay on the main model).
+        ladder_calm_s: no OOM for this long steps a stage's ladder down one level (60 s).
+        breaker_window_s: the breakers' time-based sliding window (10 s, resilience4j's
+            ``slidingWindowSize`` in seconds).
+        breaker_slow_ms: a stage call longer than this is slow, per stage, timed in the stage's
+            thread: an ASR batch 3000 ms, an LLM model step 2000 ms, a TTS phrase 1500 ms. Set
+            for a 2-core CPU and the 2 s SLO: a call this slow has spent most of a turn's
+            budget, while a long prefill chunk, a long phrase or a batch of 20 s buffers on a
+            busy CPU (about half of it) must not open a breaker.
+        breaker_slow_rate, breaker_failure_rate: a breaker opens when this fraction of the
+            window's calls were slow (0.5) or failed (0.3) ...
+        breaker_min_calls: ... once the window holds at least this many calls (4).
+        breaker_open_s: an open breaker rejects calls this long, then lets probes through (10 s).
+        breaker_probes: calls permitted while half-open; their outcome closes or reopens it (3).
+        short_reply_tokens: ``max_new_tokens`` of a reply while the LLM's breaker is open (24).
+        stock_line: what is spoken when the LLM cannot answer (its breaker opened 3 times in a row).
+        adapt: adapt to the SLO at run time (True).
+        adapt_window_s: voice-to-voice samples of this last period count (60 s: one session's
+            turns come every 5-10 s).
+        adapt_min_samples: fewest samples to judge the p95 (5).
+        adapt_up_s: least time between two steps up (5 s); adapt_down_s: the p95 must stay
+            under ``adapt_restore`` × SLO (or no turns come) this long to step down (60 s: a
+            shorter hold makes a machine that cannot keep the SLO at level 0 flap).
+        adapt_restore: see adapt_down_s (0.8).
+        adapt_factor: level 1 multiplies ``max_new_tokens`` and the history budget by this (0.5).
+    """
+
+    faults: tuple[str, ...] = ()
+    fallback_llm: str = "auto"
+    preload_fallback: bool = False
+    ladder_calm_s: float = 60.0
+    breaker_window_s: float = 10.0
+    breaker_slow_ms: dict[str, float] = field(default_factory=lambda: {"asr": 3000.0, "llm": 2000.0, "tts": 1500.0})
+    breaker_slow_rate: float = 0.5
+    breaker_failure_rate: float = 0.3
+    breaker_min_calls: int = 4
+    breaker_open_s: float = 10.0
+    breaker_probes: int = 3
+    short_reply_tokens: int = 24
+    stock_line: str = "Sorry, I can't answer that right now. Please try again in a moment."
+    adapt: bool = True
+    adapt_window_s: float = 60.0
+    adapt_min_samples: int = 5
+    adapt_up_s: float = 5.0
+    adapt_down_s: float = 60.0
+    adapt_restore: float = 0.8
+    adapt_factor: float = 0.5
+
+
+@dataclass(slots=True, kw_only=True)
 class ServerConfig:
     """WebSocket server.
 
@@ -296,6 +357,7 @@ class VoxpipeConfig:
     llm_batch: SchedulerConfig = field(default_factory=SchedulerConfig)
     tts: TtsConfig = field(default_factory=TtsConfig)
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
+    degrade: DegradeConfig = field(default_factory=DegradeConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
 
     def validate(self) -> VoxpipeConfig:
@@ -335,6 +397,14 @@ class VoxpipeConfig:
             raise ValueError("llm_batch.max_kv_tokens must fit at least one full request")
         if not 100.0 <= self.admission.slo_ms <= 600_000.0:
             raise ValueError("admission.slo_ms must be within 100..600000 ms")
+        d = self.degrade
+        from pipeline.serving.faults import parse_rules
+
+        parse_rules(d.faults)  # raises ValueError for a bad rule
+        if d.ladder_calm_s <= 0 or d.adapt_up_s < 0 or d.adapt_down_s <= 0 or not 0 < d.adapt_factor <= 1:
+            raise ValueError("degrade: ladder_calm_s > 0, adapt_up_s >= 0, adapt_down_s > 0, 0 < adapt_factor <= 1")
+        if set(d.breaker_slow_ms) - {"asr", "llm", "tts"} or min(d.breaker_slow_ms.values(), default=1) <= 0:
+            raise ValueError("degrade.breaker_slow_ms: stages asr, llm, tts with times > 0 ms")
         if self.server.max_sessions < 0:
             raise ValueError("server.max_sessions must be >= 0 (0: auto)")
         if self.server.max_message_bytes < 4096:

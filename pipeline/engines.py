@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,6 +26,77 @@ from pipeline.tts.loader import load_voice
 logger = logging.getLogger(__name__)
 
 
+class FallbackLlm:
+    """The smaller LLM that degraded turns move to (out-of-memory ladder step 3, SLO
+    adaptation level 2, an LLM breaker open twice), loaded at start (:meth:`load_now`) or
+    on first need in a background thread.
+
+    Args:
+        name: the model (a name :func:`~pipeline.llm.loader.load_llm` knows, or a folder).
+        load: builds and starts the stage (slow; called once, off the event loop).
+    """
+
+    def __init__(self, name: str, load: Callable[[], LlmStage]) -> None:
+        self.name, self._load = name, load
+        self.stage: LlmStage | None = None
+        self.failed: BaseException | None = None
+        self._lock = threading.Lock()
+        self._loading = False
+
+    @property
+    def loaded(self) -> bool:
+        """Whether the stage is ready."""
+        return self.stage is not None
+
+    def get(self) -> LlmStage | None:
+        """The stage if loaded; else None, and its loading starts in the background (once)."""
+        if self.stage is None and self.failed is None:
+            with self._lock:
+                start, self._loading = not self._loading, True
+            if start:
+                threading.Thread(target=self._load_logged, name="voxpipe-fallback-load", daemon=True).start()
+        return self.stage
+
+    def load_now(self) -> LlmStage:
+        """Load and start the stage in this thread (at start-up: ``--preload-fallback``).
+
+        Raises:
+            the loader's errors (ModelNotInstalled, ValueError, FileNotFoundError).
+        """
+        with self._lock:
+            self._loading = True
+        stage = self._load()
+        stage.start()
+        self.stage = stage
+        return stage
+
+    def stop(self) -> None:
+        """Stop the stage, if it was loaded."""
+        if self.stage is not None:
+            self.stage.stop()
+
+    def _load_logged(self) -> None:
+        t0 = time.perf_counter()
+        try:
+            self.load_now()
+        except Exception as exc:  # noqa: BLE001 - degraded turns then stay on the main model
+            self.failed = exc
+            logger.error("fallback LLM %s failed to load: %s", self.name, exc)
+            return
+        logger.info("fallback LLM %s loaded in %.1f s", self.name, time.perf_counter() - t0)
+
+
+def fallback_model(cfg: VoxpipeConfig) -> str | None:
+    """The fallback LLM ``cfg.degrade.fallback_llm`` names: ``auto`` is ``smollm2`` unless the
+    main model already is; ``none`` (or an empty string) is None."""
+    name = cfg.degrade.fallback_llm.strip()
+    if name.lower() in ("", "none"):
+        return None
+    if name == "auto":
+        return None if cfg.llm.model == "smollm2" else "smollm2"
+    return name
+
+
 @dataclass(slots=True)
 class Engines:
     """The shared model stages of one process, typed by the interfaces a session uses
@@ -34,6 +107,7 @@ class Engines:
     asr: AsrStage
     llm: LlmStage
     tts: TtsStage
+    fallback_llm: FallbackLlm | None = None
 
     def queue_depths(self) -> dict[str, int]:
         """Waiting requests per stage."""
@@ -59,6 +133,8 @@ class Engines:
         stages: tuple[Stage, ...] = (self.asr, self.llm, self.tts)
         for stage in stages:
             stage.stop()
+        if self.fallback_llm is not None:
+            self.fallback_llm.stop()
 
 
 def load_engines(cfg: VoxpipeConfig) -> Engines:
@@ -77,8 +153,16 @@ def load_engines(cfg: VoxpipeConfig) -> Engines:
     llm = LlmEngine(load_llm(cfg.llm.model, device=cfg.llm.device, threads=cfg.llm.threads), cfg.llm, cfg.llm_batch)
     logger.info("LLM loaded (%s)", cfg.llm.model)
     tts = TtsEngine(load_voice(cfg.tts), cfg.tts)
+    fallback = None
+    name = fallback_model(cfg)
+    if name is not None:
+        fallback = FallbackLlm(name, lambda: LlmEngine(load_llm(name, device=cfg.llm.device, threads=cfg.llm.threads),
+                                                       cfg.llm, cfg.llm_batch))
+        if cfg.degrade.preload_fallback:
+            fallback.load_now()
+            logger.info("fallback LLM loaded (%s)", name)
     logger.info("models loaded in %.1f s", time.perf_counter() - t0)
-    engines = Engines(vad=vad, asr=asr, llm=llm, tts=tts)
+    engines = Engines(vad=vad, asr=asr, llm=llm, tts=tts, fallback_llm=fallback)
     engines.start()
     return engines
 
@@ -98,5 +182,12 @@ async def warm_up(engines: Engines) -> dict[str, float]:
     t = time.perf_counter()
     await engines.tts.run("Hello.")
     out["tts"] = (time.perf_counter() - t) * 1000
+    if engines.fallback_llm is not None and engines.fallback_llm.stage is not None:
+        t = time.perf_counter()
+        stream = engines.fallback_llm.stage.submit(GenRequest(messages=[{"role": "user", "content": "Hi"}],
+                                                              max_new_tokens=4))
+        async for _ in stream:
+            pass
+        out["fallback_llm"] = (time.perf_counter() - t) * 1000
     logger.info("warm-up (ms): %s", {k: round(v) for k, v in out.items()})
     return out

@@ -47,6 +47,24 @@ LLM_KV_RESERVED = Gauge("voxpipe_llm_kv_reserved_bytes",
 LLM_KV_PER_TOKEN = Gauge("voxpipe_llm_kv_bytes_per_token",
                          "KV-cache bytes per token: 2 x layers x kv_heads x head_dim x bytes per element",
                          registry=REGISTRY)
+LADDER_TRANSITIONS = Counter("voxpipe_oom_ladder_transitions_total",
+                             "out-of-memory ladder transitions, by stage and the step entered (0-3)",
+                             ["stage", "step"], registry=REGISTRY)
+LADDER_STEP = Gauge("voxpipe_oom_ladder_step", "out-of-memory ladder step now, by stage (0: normal)", ["stage"],
+                    registry=REGISTRY)
+BREAKER_TRANSITIONS = Counter("voxpipe_breaker_transitions_total",
+                              "circuit breaker transitions, by stage and the state entered", ["stage", "state"],
+                              registry=REGISTRY)
+BREAKER_STATE = Gauge("voxpipe_breaker_state", "circuit breaker state, by stage: 0 closed, 1 open, 2 half-open",
+                      ["stage"], registry=REGISTRY)
+SLO_TRANSITIONS = Counter("voxpipe_slo_adaptation_transitions_total",
+                          "SLO adaptation level changes, by the level entered", ["level"], registry=REGISTRY)
+SLO_LEVEL = Gauge("voxpipe_slo_adaptation_level",
+                  "SLO adaptation level now: 0 normal, 1 shorter replies and history, 2 also the fallback model",
+                  registry=REGISTRY)
+DEGRADED_REPLIES = Counter("voxpipe_degraded_replies_total",
+                           "replies made below normal service, by how: short, fallback_model, stock_line, text_only",
+                           ["how"], registry=REGISTRY)
 
 
 def render(engines=None) -> bytes:

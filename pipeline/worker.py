@@ -19,7 +19,13 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
+
+from pipeline.serving.faults import NO_FAULTS, FaultInjector
+from pipeline.serving.ladder import free_cached_memory, is_oom
+
+if TYPE_CHECKING:
+    from pipeline.serving.ladder import OomLadder
 
 logger = logging.getLogger(__name__)
 
@@ -27,10 +33,12 @@ In = TypeVar("In")
 Out = TypeVar("Out")
 
 
-BusyReason = Literal["queue", "memory", "sessions", "stage"]
+BusyReason = Literal["queue", "memory", "sessions", "stage", "ladder", "breaker"]
 """Why work was refused: ``queue`` (the predicted time to first audio would miss the latency
 SLO), ``memory`` (the LLM's memory budget is full), ``sessions`` (the server's session
-cap), ``stage`` (a stage's bounded queue is full)."""
+cap), ``stage`` (a stage's bounded queue is full), ``ladder`` (a stage ran out of memory
+twice: the out-of-memory ladder's step 2 refuses new turns), ``breaker`` (a stage's circuit
+breaker is open: it failed or was slow too often)."""
 
 
 class Busy(RuntimeError):
@@ -73,6 +81,21 @@ class _Job(Generic[In]):
 
 
 _STOP_PRIORITY = 1 << 30  # after every queued item
+MAX_OOM_RETRIES = 3
+"""A batch that runs out of memory is retried this many times, climbing the stage's
+out-of-memory ladder each time (:mod:`pipeline.serving.ladder`); then its requests fail."""
+
+
+class CallGuard(Protocol):
+    """A stage's circuit breaker as its worker sees it (:class:`pipeline.serving.governor.StageGuard`)."""
+
+    def permit(self) -> bool:
+        """Whether a call may go ahead now."""
+        ...
+
+    def record(self, duration_s: float, failed: bool) -> None:
+        """A call's outcome: its service time (s) and whether it failed."""
+        ...
 
 
 class BatchWorker(Generic[In, Out]):
@@ -98,6 +121,9 @@ class BatchWorker(Generic[In, Out]):
         self._queue: queue.PriorityQueue[_Job] = queue.PriorityQueue()
         self._seq = itertools.count()
         self._threads: list[threading.Thread] = []
+        self.faults: FaultInjector = NO_FAULTS  # injected faults (tests, drills)
+        self.ladder: OomLadder | None = None  # the out-of-memory ladder (None: an OOM fails the batch)
+        self.guard: CallGuard | None = None  # the circuit breaker (None: every call goes ahead)
 
     def start(self) -> None:
         """Start the worker threads (idempotent)."""
@@ -144,10 +170,14 @@ class BatchWorker(Generic[In, Out]):
         returns a future resolved with its result on this loop.
 
         Raises:
-            Busy: the queue is full.
+            Busy: the queue is full (reason ``stage``), or the stage's circuit breaker is
+                open (reason ``breaker``).
         """
         if self._queue.qsize() >= self.queue_size:
             raise Busy(f"{self.name} is busy: {self.queue_size} requests already queued")
+        if self.guard is not None and not self.guard.permit():
+            raise Busy(f"{self.name} is unavailable: its circuit breaker is open", reason="breaker",
+                       retry_after_ms=2000)
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
         rank = self.priority(item) if priority is None else priority
@@ -168,6 +198,8 @@ class BatchWorker(Generic[In, Out]):
         jobs = [first]
         deadline = time.monotonic() + self.max_wait_ms / 1000.0
         limit = self.batch_limit(first.priority)
+        if self.ladder is not None:  # halved from the ladder's step 2 on
+            limit = min(limit, self.ladder.batch_size(self.max_batch_size))
         while len(jobs) < limit:
             timeout = deadline - time.monotonic()
             try:
@@ -189,14 +221,46 @@ class BatchWorker(Generic[In, Out]):
             jobs = [j for j in self._collect(first) if j.future is not None and not j.future.cancelled()]
             if not jobs:
                 continue
-            try:
-                results = self.process_batch([j.item for j in jobs])
-            except BaseException as exc:
-                logger.exception("%s batch failed", self.name)
-                results = [exc] * len(jobs)
+            jobs, results = self._call(jobs)
             for job, res in zip(jobs, results):
                 assert job.loop is not None and job.future is not None
                 job.loop.call_soon_threadsafe(_resolve, job.future, res)
+
+    def _call(self, jobs: list[_Job]) -> tuple[list[_Job], list[Any]]:
+        """Run :meth:`process_batch` on ``jobs`` through the fault injector and the
+        out-of-memory ladder; returns the jobs that ran and their results (the others were
+        requeued). Each job's outcome (the batch's time, failed or not) goes to the guard."""
+        for attempt in range(MAX_OOM_RETRIES + 1):
+            t0 = time.perf_counter()
+            try:
+                self.faults.hit(self.name)
+                results = self.process_batch([j.item for j in jobs])
+            except BaseException as exc:
+                if self.ladder is None or not is_oom(exc) or attempt == MAX_OOM_RETRIES:
+                    logger.error("%s batch failed: %s", self.name, exc, exc_info=not is_oom(exc))
+                    self._outcomes(len(jobs), time.perf_counter() - t0, [exc])
+                    return jobs, [exc] * len(jobs)
+                self.ladder.oom(time.monotonic())
+                self.free_memory()
+                limit = self.ladder.batch_size(self.max_batch_size)
+                for job in jobs[limit:]:  # the newest go back to the queue, in order
+                    self._queue.put(job)
+                jobs = jobs[:limit]
+                continue
+            self._outcomes(len(jobs), time.perf_counter() - t0, results)
+            return jobs, results
+        raise AssertionError("unreachable")
+
+    def _outcomes(self, n: int, seconds: float, results: list[Any]) -> None:
+        if self.guard is None:
+            return
+        failed = [isinstance(r, BaseException) and not isinstance(r, Busy) for r in results]
+        for i in range(n):
+            self.guard.record(seconds, failed[i] if len(failed) == n else failed[0])
+
+    def free_memory(self) -> None:
+        """The ladder's step 1: free what the stage caches (:func:`free_cached_memory`)."""
+        free_cached_memory()
 
 
 def _resolve(fut: asyncio.Future, res: Any) -> None:

@@ -18,6 +18,8 @@ from pipeline import metrics
 from pipeline.config import VoxpipeConfig
 from pipeline.engines import Engines
 from pipeline.serving.admission import Admission
+from pipeline.serving.faults import FaultInjector, parse_rules
+from pipeline.serving.governor import Governor
 from pipeline.serving.loop_lag import LoopLag
 from pipeline.session.events import InputEnd, ResponseCancel, SessionEnd, SessionStart, TextInput
 from pipeline.session.session import Session
@@ -48,6 +50,11 @@ class VoxpipeServer:
         self.engines, self.cfg = engines, cfg
         self.ready = False
         self.admission = Admission(cfg.admission)  # one policy, one set of service times, for every session
+        # the service level: OOM ladders, circuit breakers, SLO adaptation, injected faults
+        self.governor = Governor(cfg, fallback=engines.fallback_llm is not None,
+                                 faults=FaultInjector(parse_rules(cfg.degrade.faults)))
+        self.governor.attach({"asr": engines.asr, "llm": engines.llm, "tts": engines.tts})
+        self._governor_task: asyncio.Task | None = None
         self.loop_lag = LoopLag(on_sample=self.admission.note_loop_lag)
         self._lag_task: asyncio.Task | None = None
         self.sessions = 0
@@ -58,6 +65,8 @@ class VoxpipeServer:
         s = self.cfg.server
         if self._lag_task is None:
             self._lag_task = asyncio.create_task(self.loop_lag.run(), name="voxpipe-loop-lag")
+        if self._governor_task is None:
+            self._governor_task = asyncio.create_task(self.governor.run(), name="voxpipe-governor")
         return await serve(
             self.handle,
             host or s.host,
@@ -111,7 +120,8 @@ class VoxpipeServer:
         s = self.cfg.server
         out = WsOutbox(ws, maxsize=s.send_queue, timeout_s=s.slow_client_timeout_s)
         writer = asyncio.create_task(out.run())
-        session = Session(engines=self.engines, cfg=self.cfg, out=out, session_id=sid, admission=self.admission)
+        session = Session(engines=self.engines, cfg=self.cfg, out=out, session_id=sid, admission=self.admission,
+                          governor=self.governor)
         self.sessions += 1  # no await since the check above: a burst never admits cap + 1
         metrics.SESSIONS.inc()
         logger.info("session %s opened from %s", sid, ws.remote_address)

@@ -3,8 +3,10 @@
 It serves the web demo (``web/``) over HTTP like the real server, and on ``/ws`` either
 refuses the session the way the session cap does (``refuse="http"``: HTTP 503 with
 ``Retry-After`` before the upgrade; ``refuse="close"``: close code 1013 right after it) or
-answers ``session.start`` with ``session.started`` and every turn (``input.end`` or
-``text.input``) with the scripted ``turn`` frames. Events are the real event classes,
+answers ``session.start`` with ``session.started`` (then the ``on_start`` frames: a
+``server.status`` sent when the session starts on a degraded server) and every turn
+(``input.end`` or ``text.input``) with the scripted ``turn`` frames — or, given ``turns``,
+the n-th turn with the n-th script (the last one again for any turn after it). Events are the real event classes,
 encoded by the real server's encoder, so the wire format is the server's.
 """
 
@@ -43,8 +45,12 @@ class ScriptedServer:
     """Run with :func:`scripted_server`; ``url`` (ws) and ``http`` are set once it listens."""
 
     def __init__(self, turn: Sequence[Frame] = (), refuse: Literal["http", "close"] | None = None,
-                 retry_after_s: int = 5, max_sessions: int = 1) -> None:
+                 retry_after_s: int = 5, max_sessions: int = 1, on_start: Sequence[Frame] = (),
+                 turns: Sequence[Sequence[Frame]] | None = None) -> None:
         self.turn, self.refuse = list(turn), refuse
+        self.on_start = list(on_start)
+        self.turns = [list(t) for t in turns] if turns else [self.turn]
+        self.turns_answered = 0
         self.retry_after_s, self.max_sessions = retry_after_s, max_sessions
         self.received: list[dict] = []  # every JSON event a client sent
         self.url = self.http = ""
@@ -80,9 +86,16 @@ class ScriptedServer:
                                      format=event.get("format", "pcm16"), channels=event.get("channels", 1))
                 out = ev.AudioFormat(sample_rate=event.get("output_sample_rate", 24000), format="pcm16", channels=1)
                 await ws.send(encode_event(ev.SessionStarted(session_id="scripted", input=fmt, output=out)))
+                await self.send_frames(ws, self.on_start)
             elif event["type"] in ("input.end", "text.input"):
-                for frame in self.turn:
-                    await ws.send(frame if isinstance(frame, bytes) else encode_event(frame))
+                script = self.turns[min(self.turns_answered, len(self.turns) - 1)]
+                self.turns_answered += 1
+                await self.send_frames(ws, script)
+
+    @staticmethod
+    async def send_frames(ws: ServerConnection, frames: Sequence[Frame]) -> None:
+        for frame in frames:
+            await ws.send(frame if isinstance(frame, bytes) else encode_event(frame))
 
 
 @contextmanager

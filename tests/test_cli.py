@@ -32,8 +32,9 @@ def test_ask_json_prints_one_object_and_writes_audio(server, audio_dir, manifest
     assert len(lines) == 1
     res = json.loads(lines[0])
     assert set(res) == {"transcript", "reply_text", "reply_audio_s", "timings_ms", "partials", "turn_empty", "busy",
-                        "errors"}
+                        "errors", "text_only", "status"}
     assert res["turn_empty"] is None and res["busy"] is None and res["errors"] == []
+    assert res["text_only"] is False and res["status"] is None  # a healthy server sends no server.status
     partials = res["partials"]  # live partial transcripts of the 11 s clip, in order
     assert len(partials) >= 3 and all(set(p) == {"t_ms", "text"} for p in partials)
     assert [p["t_ms"] for p in partials] == sorted(p["t_ms"] for p in partials)

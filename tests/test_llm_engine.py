@@ -269,3 +269,27 @@ async def test_engine_returns_free_memory_when_it_goes_idle(llm, monkeypatch):
         eng.stop()
     monkeypatch.undo()
     llm_module.release_free_memory()  # the real helper is safe to call anywhere
+
+
+async def test_an_oom_mid_reply_requeues_the_batch_and_every_reply_is_unchanged(engine, llm):
+    """Recompute preemption (the out-of-memory ladder's steps 1-2): two OOMs in the 6th step
+    drop the batch's KV, requeue every request with the tokens it already sent, and halve the
+    batch; each greedy reply is exactly what it is without the OOMs (fp32), none lost."""
+    from pipeline.serving.faults import FaultInjector, parse_rules
+    from pipeline.serving.ladder import OomLadder
+
+    prompts = ["What is the capital of France?", "Name a color.", "Say hello in French.", "What is 2 plus 2?"]
+    solo = [await collect(engine.submit(ask(p))) for p in prompts]
+    eng = LlmEngine(llm, LlmConfig(), SchedulerConfig(max_wait_ms=200, max_batch_size=4))
+    eng.faults = FaultInjector(parse_rules(["llm:oom@6x2"]))
+    eng.faults.arm()
+    eng.ladder = OomLadder("llm", max_step=3, calm_s=600)
+    eng.start()
+    try:
+        streams = [eng.submit(ask(p)) for p in prompts]
+        assert await asyncio.gather(*(collect(s) for s in streams)) == solo
+        assert all(s.stats.finish_reason in (FinishReason.STOP, FinishReason.LENGTH) for s in streams)
+        assert eng.ladder.step == 2 and eng.preempted >= len(prompts)
+        assert eng.scheduler.cfg.max_batch_size == 2 and max(eng.batch_sizes[-5:]) <= 2
+    finally:
+        eng.stop()

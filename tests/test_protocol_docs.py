@@ -13,6 +13,7 @@ import jsonschema
 import pytest
 
 from pipeline.session import events as ev
+from pipeline.worker import BusyReason
 from server.protocol import encode_event, json_schema
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -95,12 +96,34 @@ SAMPLES: list[ev.ServerEvent] = [
                     audio_s=0.5, timings_ms={"llm_ttft": 120.5}),
     ev.ResponseCancelled(response_id=1, spoken_text="", reason="barge_in"),
     ev.Busy(turn_id=3, reason="queue", retry_after_ms=1200, message="a reply now would take ~3200 ms, over the SLO"),
+    ev.Busy(turn_id=4, reason="ladder", retry_after_ms=3000, message="llm ran out of memory twice"),
+    ev.ResponseDone(response_id=2, text="Sure.", fallback=False, text_only=True, finish_reason="stop",
+                    output_tokens=3, audio_s=0.0, timings_ms={}),
+    ev.ServerStatus(degraded=True, conditions=[
+        ev.Condition(source="ladder", stage="llm", level="2", effect="new turns are refused for a moment"),
+        ev.Condition(source="breaker", stage="tts", level="open", effect="replies are text only"),
+        ev.Condition(source="slo", stage=None, level="1", effect="shorter replies")]),
+    ev.ServerStatus(degraded=False, conditions=[]),
     ev.Error(code="bad_json", message="text frame is not JSON", fatal=False),
 ]
 
 
 def test_samples_cover_every_server_event():
     assert {type(s) for s in SAMPLES} == set(ev.SERVER_EVENTS)
+
+
+def test_every_busy_reason_is_documented():
+    row = _server_rows()["busy"]
+    assert set(re.findall(r"`([a-z_]+)`", row.split("`reason`", 1)[1].split(")", 1)[0])) == set(get_args(BusyReason))
+
+
+def test_degraded_service_is_documented_with_an_example_that_validates():
+    section = _section("Degraded service")
+    for word in ("ladder", "breaker", "slo", "text_only", "half_open", "fallback"):
+        assert f"`{word}" in section, word  # in code: `text_only: true` counts
+    example = json.loads(re.search(r'^← (\{"type":"server\.status".*\})$', section, flags=re.M).group(1))
+    assert ev.ServerStatus.model_validate(example).degraded
+    jsonschema.validate(example, {**json_schema(), "oneOf": [{"$ref": "#/$defs/ServerEvent"}]})
 
 
 @pytest.mark.parametrize("event", SAMPLES, ids=lambda e: e.type)

@@ -262,3 +262,86 @@ def test_browser_shows_the_session_cap_as_busy_sessions(refuse):
         wait(page, "window.voxpipe.status === 'busy (sessions)'", timeout_s=60, what="the status badge")
         assert page.evaluate("window.voxpipe.events") == []  # no session, no events
         assert not js_errors, js_errors
+
+
+# ---- degraded service: server.status, busy ladder/breaker, text-only replies (scripted) -----
+
+LADDER = ev.Condition(source="ladder", stage="llm", level="2", effect="new turns are refused for a moment")
+TTS_OPEN = ev.Condition(source="breaker", stage="tts", level="open", effect="replies are text only")
+DEGRADED_STATE = """() => {
+  const badge = document.getElementById('degraded'), line = document.getElementById('degraded-effects');
+  return {badge: !badge.hidden && badge.offsetParent !== null, title: badge.title, badgeText: badge.innerText,
+          line: line.hidden ? null : line.innerText, degraded: window.voxpipe.degraded,
+          statuses: window.voxpipe.events.filter(e => e.type === 'server.status').length};
+}"""
+
+
+def degraded_state(page, cond: str, what: str, timeout_s: float = 60) -> dict:
+    """Wait until the page's degraded-service state ``s`` satisfies ``cond`` (JS)."""
+    return wait(page, f"() => {{ const s = ({DEGRADED_STATE})(); return ({cond}) ? s : null; }}",
+                timeout_s=timeout_s, what=what)
+
+
+def send_text(page, text: str) -> None:
+    page.fill("#text", text)
+    page.click("#send")
+
+
+def test_browser_shows_a_degraded_badge_while_the_server_is_degraded():
+    """Right after session.started (a degraded server says so at once), then on each change
+    of conditions; ``degraded: false`` hides it again."""
+    one = server_event(ev.ServerStatus, degraded=True, conditions=[LADDER])
+    two = server_event(ev.ServerStatus, degraded=True, conditions=[LADDER, TTS_OPEN])
+    normal = server_event(ev.ServerStatus, degraded=False, conditions=[])
+    with launch() as b, scripted_server(on_start=[one], turns=[[], [two], [normal]]) as srv:
+        page, js_errors = open_page(b, srv.http)
+        s = page.evaluate(f"({DEGRADED_STATE})()")
+        assert not s["badge"] and s["line"] is None and s["degraded"] == []  # normal until told otherwise
+        send_text(page, "one")
+        s = degraded_state(page, "s.statuses === 1 && s.badge", "the degraded badge after session.started")
+        assert s["badgeText"] == "degraded"
+        assert s["line"] == "Degraded service: new turns are refused for a moment", s
+        assert s["title"] == "llm out-of-memory step 2: new turns are refused for a moment", s
+        assert s["degraded"] == [LADDER.model_dump()]
+        send_text(page, "two")
+        s = degraded_state(page, "s.statuses === 2", "the second server.status")
+        assert s["badge"] and s["line"] == ("Degraded service: new turns are refused for a moment; "
+                                            "replies are text only"), s
+        assert s["title"].splitlines() == ["llm out-of-memory step 2: new turns are refused for a moment",
+                                           "tts breaker open: replies are text only"], s
+        assert s["degraded"] == [LADDER.model_dump(), TTS_OPEN.model_dump()]
+        send_text(page, "three")
+        s = degraded_state(page, "s.statuses === 3", "the server.status back to normal")
+        assert not s["badge"] and s["line"] is None and s["degraded"] == [] and s["title"] == "", s
+        assert "server.status: back to normal" in page.inner_text("#log")
+        assert page.evaluate("window.voxpipe.status").startswith("connected")
+        assert not js_errors, js_errors
+
+
+def test_browser_explains_ladder_and_breaker_busy_and_marks_a_text_only_reply():
+    ladder = server_event(ev.Busy, reason="ladder", retry_after_ms=3000, message="llm ran out of memory twice")
+    breaker = server_event(ev.Busy, reason="breaker", retry_after_ms=2000, message="asr circuit breaker is open")
+    reply = [server_event(ev.ResponseStarted, response_id=1, user_text="three"),
+             server_event(ev.ResponseTextDelta, response_id=1, delta="Hi there."),
+             server_event(ev.ResponseDone, response_id=1, text="Hi there.", fallback=False, text_only=True,
+                          finish_reason="stop", output_tokens=3, audio_s=0.0, timings_ms={})]
+    with launch() as b, scripted_server(turns=[[ladder], [breaker], reply]) as srv:
+        page, js_errors = open_page(b, srv.http)
+        send_text(page, "one")
+        s = busy_state(page, "s.reason === 'ladder'", "the ladder busy bubble")
+        assert s["text"] == "Server busy (ladder): a model ran out of memory: new turns are refused while it recovers"
+        assert s["meta"] == "llm ran out of memory twice"
+        send_text(page, "two")
+        s = busy_state(page, "s.reason === 'breaker'", "the breaker busy bubble")
+        assert s["text"] == ("Server busy (breaker): a processing stage is failing or too slow: "
+                             "its circuit breaker is open"), s
+        send_text(page, "three")
+        wait(page, "window.voxpipe.responses[1] && window.voxpipe.responses[1].done", timeout_s=60,
+             what="the text-only reply")
+        last = page.locator(".msg.assistant").last
+        assert last.locator(".text").inner_text() == "Hi there."
+        assert last.locator(".note").inner_text() == "text only (speech unavailable)"
+        assert "text-only" in (last.get_attribute("class") or "")
+        # replies with speech carry no such note
+        assert page.locator(".msg .note").count() == 1
+        assert not js_errors, js_errors

@@ -25,6 +25,7 @@
     responses: {}, // response_id -> {userText, text, frames, samples, done, cancelled}
     replyText: "", // text of the latest reply so far
     busy: [], // every refusal shown: {reason, retry_after_ms, message} (busy events, 503, close 1013)
+    degraded: [], // the latest server.status's conditions ([]: normal service) — see showStatus
   });
 
   let ctx = null; // AudioContext (one per page)
@@ -62,12 +63,15 @@
 
   // ---- busy: a refused turn or session, with a retry countdown ----------------------
 
-  // What each `busy` reason means, in plain words (docs/PROTOCOL.md, "Admission").
+  // What each `busy` reason means, in plain words (docs/PROTOCOL.md, "Admission" and
+  // "Degraded service").
   const BUSY_REASONS = {
     queue: "the reply would miss the latency target",
     memory: "the language model's memory is full",
     sessions: "too many sessions are open",
     stage: "a processing stage's queue is full",
+    ladder: "a model ran out of memory: new turns are refused while it recovers",
+    breaker: "a processing stage is failing or too slow: its circuit breaker is open",
   };
   const SESSIONS_RETRY_MS = 5000; // a refused connection without a Retry-After: the server's own hint
 
@@ -101,6 +105,39 @@
       }
     };
     tick();
+  }
+
+  // ---- degraded service: the server's latest server.status ---------------------------
+
+  // One condition in words, e.g. "llm out-of-memory step 2" (what), for the tooltip.
+  function conditionName(c) {
+    const stage = c.stage || "a stage";
+    if (c.source === "ladder") return `${stage} out-of-memory step ${c.level}`;
+    if (c.source === "breaker") return `${stage} breaker ${String(c.level).replace("_", "-")}`;
+    if (c.source === "slo") return `latency over the SLO, level ${c.level}`;
+    return [c.source, c.stage, c.level].filter(Boolean).join(" ");
+  }
+
+  // A `server.status` (or null: a new connection, nothing known yet): the "degraded" badge
+  // next to the connection status, and a line under the header listing each condition's
+  // effect, while the server says it is degraded; both hidden otherwise.
+  function showStatus(ev) {
+    const conditions = ev && ev.degraded ? ev.conditions || [] : [];
+    const degraded = !!(ev && ev.degraded);
+    vp.degraded = conditions;
+    const badge = $("degraded");
+    const line = $("degraded-effects");
+    badge.hidden = line.hidden = !degraded;
+    if (!degraded) {
+      badge.title = "";
+      line.textContent = "";
+      return;
+    }
+    const effects = conditions.map((c) => c.effect).filter(Boolean);
+    badge.title = conditions.length
+      ? conditions.map((c) => `${conditionName(c)}: ${c.effect || "no details"}`).join("\n")
+      : "degraded service";
+    line.textContent = `Degraded service: ${effects.length ? effects.join("; ") : "no details"}`;
   }
 
   // The upgrade failed before the socket opened (the browser reports only code 1006):
@@ -179,6 +216,7 @@
     if (connecting) return connecting;
     const url = `${location.protocol === "https:" ? "wss:" : "ws:"}//${location.host}/ws`;
     setStatus("connecting", "connecting…");
+    showStatus(null); // a new connection: the server says again if it is degraded
     connecting = new Promise((resolve, reject) => {
       let opened = false; // false at close: the upgrade itself failed (or was refused)
       ws = new WebSocket(url);
@@ -291,7 +329,17 @@
           `ttft ${ms("llm_ttft")} · tpot ${ms("llm_tpot")} · first audio ${ms("first_audio")} · ` +
           `voice→voice ${ms("voice_to_voice")}`;
         setText(ev.response_id, ".meta", meta);
-        log(`← response.done #${ev.response_id}: ${meta}`);
+        if (!r.text && ev.text) setText(ev.response_id, ".text", ev.text); // no deltas came (a stock line)
+        if (ev.text_only && views.has(ev.response_id)) {
+          // no speech: the TTS stage's circuit breaker was open (degraded service)
+          const el = views.get(ev.response_id).el;
+          el.classList.add("text-only");
+          const note = document.createElement("span");
+          note.className = "note";
+          note.textContent = "text only (speech unavailable)";
+          el.querySelector(".text").after(note);
+        }
+        log(`← response.done #${ev.response_id}${ev.text_only ? " (text only)" : ""}: ${meta}`);
         break;
       }
       case "response.cancelled":
@@ -311,6 +359,12 @@
       case "busy":
         showBusy(ev);
         log(`← busy (${ev.reason}): retry in ${ev.retry_after_ms} ms: ${ev.message}`, "error");
+        break;
+      case "server.status":
+        showStatus(ev);
+        log(ev.degraded
+          ? `← server.status degraded: ${(ev.conditions || []).map((c) => `${conditionName(c)} (${c.effect})`).join("; ")}`
+          : "← server.status: back to normal", ev.degraded ? "error" : "");
         break;
       case "error":
         log(`← error ${ev.code}${ev.fatal ? " (fatal)" : ""}: ${ev.message}`, "error");

@@ -34,6 +34,7 @@ from pipeline.asr.agreement import join_words, split_words, word_spans
 from pipeline.asr.guards import STOCK_NO_SPEECH, check_continuation, trailing_loop
 from pipeline.asr.types import DecodeRequest, DecodeResult, TimedWord
 from pipeline.config import AsrConfig
+from pipeline.serving.ladder import is_oom
 
 RATE = 16000
 HOP = 160
@@ -114,7 +115,9 @@ class BatchDecoder:
         for group in groups.values():
             try:
                 self._run_group(group)
-            except Exception as exc:  # noqa: BLE001 - a failed group fails only its requests
+            except Exception as exc:
+                if is_oom(exc):  # out of memory: the stage's ladder handles the whole batch
+                    raise
                 for it in group:
                     out[it.index] = exc
                 continue

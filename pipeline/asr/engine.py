@@ -21,6 +21,7 @@ from pipeline.asr.decode import BatchDecoder
 from pipeline.asr.guards import cut_repetition
 from pipeline.asr.types import AsrRequest, DecodeRequest, DecodeResult, Transcript
 from pipeline.config import AsrConfig
+from pipeline.serving.ladder import is_oom
 from pipeline.worker import BatchWorker
 
 logger = logging.getLogger(__name__)
@@ -81,7 +82,9 @@ class AsrEngine(BatchWorker[DecodeRequest | AsrRequest, DecodeResult | Transcrip
             if isinstance(it, AsrRequest):
                 try:
                     out[i] = self.transcribe(it)
-                except Exception as exc:  # noqa: BLE001 - one bad request must not fail others
+                except Exception as exc:
+                    if is_oom(exc):  # out of memory: the stage's ladder handles the whole batch
+                        raise
                     out[i] = exc
         return [r if r is not None else RuntimeError("no result") for r in out]
 

@@ -11,8 +11,6 @@ executes, the engine turns sampled tokens into text for the streams.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import dataclasses
 import logging
 import math
@@ -30,10 +28,13 @@ from pipeline.llm.runner.runner import ModelRunner
 from pipeline.llm.scheduler import Scheduler
 from pipeline.llm.stream import TokenStream
 from pipeline.llm.types import FinishReason, GenRequest, SamplingParams, SchedRequest, State, StepPlan
-from pipeline.worker import Busy, name_native_thread
+from pipeline.serving.faults import NO_FAULTS, FaultInjector
+from pipeline.serving.ladder import free_cached_memory, is_oom, release_free_memory
+from pipeline.worker import MAX_OOM_RETRIES, Busy, CallGuard, name_native_thread
 
 if TYPE_CHECKING:
     from pipeline.llm.loader import LoadedLLM
+    from pipeline.serving.ladder import OomLadder
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +89,12 @@ class LlmEngine:
         self._trimmed_at = 0
         self.batch_sizes: list[int] = []
         self.token_log: list[tuple[float, int]] = []
+        self.faults: FaultInjector = NO_FAULTS  # injected faults (tests, drills)
+        self.ladder: OomLadder | None = None  # the out-of-memory ladder (None: an OOM fails the batch)
+        self.guard: CallGuard | None = None  # the circuit breaker: told each step's time and outcome
+        self.preempted = 0  # requests requeued by an out-of-memory step (recomputed when they run again)
+        self._base_batch = sched.max_batch_size
+        self._oom_streak = 0
 
     @property
     def depth(self) -> int:
@@ -234,6 +241,7 @@ class LlmEngine:
         """
         self._admit_new()
         self._reap_aborts()
+        self._follow_ladder()
         plan = self.scheduler.schedule()
         if plan.empty:
             return self._idle(plan)
@@ -317,18 +325,59 @@ class LlmEngine:
 
     def _execute(self, plan: StepPlan) -> dict[int, int] | None:
         """Run ``plan`` on the model: ``rid -> sampled token``, or None when the step
-        failed (every request in flight then ends with the error)."""
+        failed: out of memory, the batch is requeued (:meth:`_out_of_memory`); otherwise
+        every request in flight ends with the error."""
         t0 = time.perf_counter()
         try:
+            if plan.decode or plan.prefill:
+                self.faults.hit("llm")
             out = self.runner.execute(plan)
         except Exception as exc:  # the streams get the error; the engine carries on
-            logger.exception("llm step failed")
+            if is_oom(exc) and self.ladder is not None and self._oom_streak < MAX_OOM_RETRIES:
+                self._out_of_memory(exc)  # the ladder's business, not the breaker's
+                return None
+            if self.guard is not None:
+                self.guard.record(time.perf_counter() - t0, True)
+            logger.error("llm step failed: %s", exc, exc_info=not is_oom(exc))
+            self._oom_streak = 0
             self._fail_all(exc)
             return None
+        self._oom_streak = 0
         if plan.decode or plan.prefill:  # an evict-only step says nothing of a step's cost
             ms = (time.perf_counter() - t0) * 1000
             self.step_ms = ms if self.step_ms == 0.0 else self.step_ms + 0.1 * (ms - self.step_ms)
+            if self.guard is not None:
+                self.guard.record(ms / 1000, False)
         return out
+
+    def _out_of_memory(self, exc: BaseException) -> None:
+        """A step ran out of memory: climb the ladder, drop the batch's KV (a failed step may
+        have left it half-written) and the prefix cache, free cached memory, and requeue every
+        request in the batch, oldest first, to be recomputed from its prompt and the tokens it
+        already sent (vLLM's recompute preemption): no reply is lost or repeated. From step 2
+        on, the batch is halved (:meth:`_follow_ladder`): the newest wait for a slot."""
+        assert self.ladder is not None
+        self._oom_streak += 1
+        step = self.ladder.oom(time.monotonic())
+        requeued = self.scheduler.preempt_all()
+        self.preempted += requeued
+        self.runner.reset()
+        self.free_memory()
+        logger.warning("llm out of memory (%s): %d requests requeued, ladder step %d", exc, requeued, step)
+
+    def free_memory(self) -> None:
+        """The ladder's step 1 for the LLM: drop the prefix cache, then :func:`free_cached_memory`."""
+        self.runner.prefixes.clear()
+        free_cached_memory()
+
+    def _follow_ladder(self) -> None:
+        """Apply the ladder's batch size (halved from step 2 on) to the scheduler."""
+        if self.ladder is None:
+            return
+        size = self.ladder.batch_size(self._base_batch)
+        if size != self.scheduler.cfg.max_batch_size:
+            self.scheduler.cfg = dataclasses.replace(self.scheduler.cfg, max_batch_size=size)
+            logger.info("llm batch size now %d", size)
 
     def _record_step(self, plan: StepPlan, sampled: list[tuple[SchedRequest, int | None]]) -> None:
         """Count the step; record its batch size (Prometheus ``LLM_BATCH``,
@@ -498,24 +547,3 @@ def check_sampling(req: GenRequest) -> None:
         raise ValueError(f"temperature must be a finite number ≥ 0, got {req.temperature!r}")
     if not (0 < req.top_p <= 1):
         raise ValueError(f"top_p must be in (0, 1], got {req.top_p!r}")
-
-
-def release_free_memory() -> None:
-    """Return freed heap pages to the OS (glibc ``malloc_trim``; a no-op elsewhere).
-
-    Steps of many different lengths leave the engine thread's malloc arena fragmented:
-    200 mixed-length requests grew RSS by 200-450 MB that was free but never returned.
-    Called when the engine goes idle, so it costs no step any time.
-    """
-    global _LIBC
-    if _LIBC is None:
-        try:
-            _LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-            _LIBC.malloc_trim.argtypes = [ctypes.c_size_t]
-        except (OSError, AttributeError):
-            _LIBC = False
-    if isinstance(_LIBC, ctypes.CDLL):
-        _LIBC.malloc_trim(0)
-
-
-_LIBC: ctypes.CDLL | bool | None = None  # None: not loaded yet; False: no malloc_trim here

@@ -63,6 +63,17 @@ class Scheduler:
         req.state, req.finish_reason = State.FINISHED, reason
         return req
 
+    def preempt_all(self) -> int:
+        """Move every request in the batch back to the head of the queue, oldest first,
+        with nothing computed (:meth:`SchedRequest.preempt`: recomputed when it runs again);
+        rows to evict are forgotten (the runner was reset). Returns how many were moved."""
+        batch = sorted(self.running + self.prefilling, key=lambda r: (r.arrival, r.rid))
+        self.running, self.prefilling, self._leaving = [], [], []
+        for req in reversed(batch):
+            req.preempt()
+            self.waiting.appendleft(req)
+        return len(batch)
+
     def has_work(self) -> bool:
         """Whether any request waits, runs, or still has a row to free."""
         return bool(self.waiting or self.running or self.prefilling or self._leaving)

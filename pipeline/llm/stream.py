@@ -123,3 +123,15 @@ def _notify(waiter: asyncio.Future[None] | None) -> None:
 def _resolve(waiter: asyncio.Future[None]) -> None:
     if not waiter.done():  # the consumer may have been cancelled meanwhile
         waiter.set_result(None)
+
+
+def stock_stream(text: str) -> TokenStream:
+    """A finished stream holding ``text`` (one delta, finish reason ``stop``, no tokens):
+    what a reply speaks when no LLM may be asked (the LLM's circuit breaker is open)."""
+    from pipeline.llm.types import FinishReason
+
+    stream = TokenStream()
+    stream.put(text)
+    stream.stats.finish_reason = FinishReason.STOP
+    stream.end()
+    return stream

@@ -99,6 +99,8 @@ class SchedRequest:
         state: where the request is (waiting, in the batch, finished).
         finish_reason: why it finished (None until then).
         num_computed: prompt tokens already prefilled (chunked prefill).
+        prompt_len: the original prompt's length (0: ``len(prompt_ids)``; set once the
+            request was preempted and its prompt extended with its output so far).
     """
 
     rid: int
@@ -112,11 +114,21 @@ class SchedRequest:
     state: State = State.WAITING
     finish_reason: FinishReason | None = None
     num_computed: int = 0
+    prompt_len: int = 0
 
     @property
     def kv_tokens(self) -> int:
         """Worst-case KV-cache tokens this request can hold."""
-        return len(self.prompt_ids) + self.max_new_tokens
+        return (self.prompt_len or len(self.prompt_ids)) + self.max_new_tokens
+
+    def preempt(self) -> None:
+        """Back to waiting with nothing computed (vLLM's recompute preemption): its prompt
+        becomes the original prompt + the tokens generated so far, so when it runs again
+        its prefill rebuilds the KV it lost and the next sampled token continues the reply."""
+        self.prompt_len = self.prompt_len or len(self.prompt_ids)
+        self.prompt_ids = self.prompt_ids[: self.prompt_len] + self.output_ids
+        self.num_computed = 0
+        self.state = State.WAITING
 
 
 @dataclass(slots=True)

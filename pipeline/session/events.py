@@ -15,6 +15,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from pipeline.serving.types import Condition
 from pipeline.worker import BusyReason
 
 PROTOCOL_VERSION = 1
@@ -184,7 +185,9 @@ class ResponseDone(_ServerEvent):
     type: Literal["response.done"] = "response.done"
     response_id: int
     text: str
-    fallback: bool = Field(description="the model said nothing speakable and a stock line was spoken")
+    fallback: bool = Field(description="the model said nothing speakable, or the LLM was unavailable, and a stock "
+                                       "line was spoken")
+    text_only: bool = Field(default=False, description="no audio: the TTS stage's circuit breaker was open (degraded)")
     finish_reason: Literal["stop", "length", "abort", "error"]
     output_tokens: int
     audio_s: float
@@ -214,6 +217,16 @@ class Busy(_ServerEvent):
     message: str
 
 
+class ServerStatus(_ServerEvent):
+    """The server's service level changed: ``degraded`` while any condition is in force
+    (out-of-memory ladder step, circuit breaker not closed, SLO adaptation). Sent to every
+    session on each change, and right after ``session.started`` when degraded."""
+
+    type: Literal["server.status"] = "server.status"
+    degraded: bool
+    conditions: list[Condition]
+
+
 ErrorCode = Literal["bad_json", "unknown_type", "bad_event", "no_session", "bad_audio", "asr_failed",
                     "tts_failed", "reply_failed", "not_ready", "internal"]
 
@@ -228,13 +241,14 @@ class Error(_ServerEvent):
 
 
 ServerEvent = Annotated[SessionStarted | SpeechStarted | SpeechStopped | TranscriptPartial | TranscriptFinal | TurnEmpty
-                        | ResponseStarted | ResponseTextDelta | ResponseDone | ResponseCancelled | Busy | Error,
+                        | ResponseStarted | ResponseTextDelta | ResponseDone | ResponseCancelled | Busy | ServerStatus
+                        | Error,
                         Field(discriminator="type")]
 """Any server → client event."""
 
 SERVER_EVENTS: tuple[type[BaseModel], ...] = (
     SessionStarted, SpeechStarted, SpeechStopped, TranscriptPartial, TranscriptFinal, TurnEmpty,
-    ResponseStarted, ResponseTextDelta, ResponseDone, ResponseCancelled, Busy, Error,
+    ResponseStarted, ResponseTextDelta, ResponseDone, ResponseCancelled, Busy, ServerStatus, Error,
 )
 
 

@@ -12,6 +12,7 @@ from pipeline import metrics
 from pipeline.config import VoxpipeConfig
 from pipeline.engines import Engines
 from pipeline.serving.admission import Admission, Refusal, ServiceTimes
+from pipeline.serving.governor import Governor
 from pipeline.session.types import TurnHooks
 
 logger = logging.getLogger(__name__)
@@ -31,10 +32,14 @@ class TurnGate:
         engines: read for the stages' queues (:meth:`~pipeline.engines.Engines.load`).
         cfg: the configuration (the LLM's prompt budget bounds a request's KV tokens).
         session_id: for logs.
+        governor: the server's service level: an out-of-memory ladder at step 2 or an open
+            ASR breaker refuses turns first (None: no such refusals).
     """
 
-    def __init__(self, admission: Admission | None, engines: Engines, cfg: VoxpipeConfig, session_id: str) -> None:
+    def __init__(self, admission: Admission | None, engines: Engines, cfg: VoxpipeConfig, session_id: str,
+                 governor: Governor | None = None) -> None:
         self.admission, self.engines, self.cfg, self.id = admission, engines, cfg, session_id
+        self.governor = governor
 
     @property
     def times(self) -> ServiceTimes | None:
@@ -55,6 +60,12 @@ class TurnGate:
             prompt_chars: characters of the prompt past the system prompt (history and
                 the turn's text; for speech, :data:`CHARS_PER_SPEECH_S` per second).
         """
+        degraded = self.governor.refusal(spoken=spoken) if self.governor is not None else None
+        if degraded is not None:
+            if count:
+                logger.info("session %s: turn refused (%s): %s", self.id, degraded.reason, degraded)
+            return Refusal(reason=degraded.reason, retry_after_ms=degraded.retry_after_ms, predicted_ms=0.0,
+                           message=str(degraded))
         admission = self.admission
         if admission is None:
             return None

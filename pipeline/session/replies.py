@@ -17,6 +17,7 @@ from pipeline import metrics
 from pipeline.config import VoxpipeConfig
 from pipeline.engines import Engines
 from pipeline.serving.admission import ServiceTimes
+from pipeline.serving.governor import Governor
 from pipeline.session import events as ev
 from pipeline.session.history import ChatHistory
 from pipeline.session.responder import Responder
@@ -79,12 +80,15 @@ class Replies:
         turn_state: told when a reply starts, becomes audible and ends.
         spawn: starts a task the session owns (cancelled when it closes).
         session_id: for logs.
+        times: admission's service times, fed by the replies. governor: the service level
+            (see :class:`Responder`).
     """
 
     def __init__(self, *, engines: Engines, cfg: VoxpipeConfig, out: Outbox, history: ChatHistory,
                  turn_state: TurnState, spawn: Callable[..., asyncio.Task], session_id: str,
-                 times: ServiceTimes | None = None) -> None:
+                 times: ServiceTimes | None = None, governor: Governor | None = None) -> None:
         self.engines, self.cfg, self.out, self.history = engines, cfg, out, history
+        self.governor = governor
         self.times = times
         self.turn_state, self._spawn, self.id = turn_state, spawn, session_id
         self.output_rate = 24000  # reply audio rate (Hz), set by session.start
@@ -108,7 +112,7 @@ class Replies:
         return Reply(Responder(rid=self._next_rid, engines=self.engines, cfg=self.cfg, out=out,
                                history=self.history, output_rate=self.output_rate, error=error,
                                on_audio_start=self.turn_state.audio_started, release=release,
-                               times=self.times))
+                               times=self.times, governor=self.governor))
 
     def run(self, reply: Reply, user_text: str, *, turn_id: int, t_end: float, asr_ms: float,
             hooks: TurnHooks | None = None) -> None:

@@ -18,13 +18,17 @@ from audio.pcm import float_to_pcm16, resample
 from pipeline import metrics
 from pipeline.config import VoxpipeConfig
 from pipeline.engines import Engines
+from pipeline.llm.stream import stock_stream
 from pipeline.llm.types import FinishReason, GenRequest
 from pipeline.serving.admission import ServiceTimes
+from pipeline.serving.governor import Governor
+from pipeline.serving.types import TurnPolicy
 from pipeline.session import events as ev
 from pipeline.session.history import ChatHistory
 from pipeline.session.types import Outbox, TurnHooks
-from pipeline.stages import TextStream
+from pipeline.stages import LlmStage, TextStream
 from pipeline.tts.chunker import SentenceChunker, speakable
+from pipeline.worker import Busy
 
 logger = logging.getLogger(__name__)
 
@@ -49,13 +53,19 @@ class Responder:
         release: for a speculative reply (started before the turn surely ended): audio
             waits until this event is set, and a reply cancelled before that leaves the
             history alone. None: speak at once.
+        governor: the server's service level: how the reply is made (:meth:`Governor.turn_policy`:
+            token limits, the fallback model, a stock line) and where its voice-to-voice time
+            goes (SLO adaptation). None: normal service.
     """
 
     def __init__(self, *, rid: int, engines: Engines, cfg: VoxpipeConfig, out: Outbox, history: ChatHistory,
                  output_rate: int, error: Callable[[ev.ErrorCode, str], Awaitable[None]],
                  on_audio_start: Callable[[], object] | None = None,
-                 release: asyncio.Event | None = None, times: ServiceTimes | None = None) -> None:
+                 release: asyncio.Event | None = None, times: ServiceTimes | None = None,
+                 governor: Governor | None = None) -> None:
         self.rid, self.engines, self.cfg, self.out = rid, engines, cfg, out
+        self.governor = governor
+        self.text_only = False  # the TTS breaker refused a phrase: the rest of the reply is text only
         self.history, self.output_rate, self.error = history, output_rate, error
         self.on_audio_start, self.release, self.times = on_audio_start, release, times
         self.started = False  # response.started was sent: the reply must end with done or cancelled
@@ -71,14 +81,16 @@ class Responder:
 
     async def run(self, user_text: str, *, t_end: float, asr_ms: float) -> None:
         """Generate, speak, and record the exchange; on cancel, record what was spoken."""
-        llm, cfg = self.engines.llm, self.cfg.llm
+        policy = self._policy()
+        llm = self._llm(policy)
         t0 = time.perf_counter()
         messages = await asyncio.to_thread(self.history.prompt, user_text, llm.count_tokens,
-                                           cfg.max_context_tokens - cfg.max_new_tokens)
+                                           policy.context_tokens - policy.max_new_tokens)
         asked = messages[-1]["content"]  # the user text as it fit the context budget
         # may raise Busy: before response.started, so a refused reply leaves no open response
         try:
-            stream = llm.submit(GenRequest(messages=messages, max_new_tokens=cfg.max_new_tokens))
+            stream: TextStream = stock_stream(policy.stock_line) if policy.stock_line is not None else \
+                llm.submit(GenRequest(messages=messages, max_new_tokens=policy.max_new_tokens))
         finally:
             if self.hooks.on_submit is not None:
                 self.hooks.on_submit()
@@ -101,16 +113,47 @@ class Responder:
         if st.tpot_ms:
             metrics.LLM_TPOT.observe(st.tpot_ms / 1000)
         self.history.add_turn(asked, text)
+        self._count_degraded(policy)
         if self.times is not None:
             self.times.reply_tokens.add(st.output_tokens)
             if st.prompt_tokens > 256:  # long enough that prefill, not queueing, dominates its TTFT
                 self.times.prefill_token.add(st.ttft_ms / st.prompt_tokens)
         timings = {"asr": round(asr_ms, 1), "llm_ttft": round(st.ttft_ms, 1), "llm_tpot": round(st.tpot_ms, 1),
                    **self.timings}
-        await self.out.send(ev.ResponseDone(response_id=self.rid, text=text, fallback=fallback,
+        await self.out.send(ev.ResponseDone(response_id=self.rid, text=text,
+                                            fallback=fallback or policy.stock_line is not None,
+                                            text_only=self.text_only,
                                             finish_reason=_finish_reason(st.finish_reason),
                                             output_tokens=st.output_tokens, audio_s=round(self.audio_s, 3),
                                             timings_ms=timings))
+
+    def _policy(self) -> TurnPolicy:
+        """The governor's say on this reply, or normal service."""
+        if self.governor is not None:
+            return self.governor.turn_policy()
+        return TurnPolicy(max_new_tokens=self.cfg.llm.max_new_tokens, context_tokens=self.cfg.llm.max_context_tokens)
+
+    def _llm(self, policy: TurnPolicy) -> LlmStage:
+        """The model that answers: the fallback when the policy says so and it is loaded
+        (asking for it starts its loading), else the main one."""
+        fallback = self.engines.fallback_llm
+        if policy.fallback and fallback is not None:
+            stage = fallback.get()
+            if stage is not None:
+                return stage
+        return self.engines.llm
+
+    def _count_degraded(self, policy: TurnPolicy) -> None:
+        if policy.stock_line is not None:
+            metrics.DEGRADED_REPLIES.labels("stock_line").inc()
+        elif policy.fallback and self.engines.fallback_llm is not None and self.engines.fallback_llm.loaded:
+            metrics.DEGRADED_REPLIES.labels("fallback_model").inc()
+        elif policy.max_new_tokens < self.cfg.llm.max_new_tokens:
+            metrics.DEGRADED_REPLIES.labels("short").inc()
+        if self.text_only:
+            metrics.DEGRADED_REPLIES.labels("text_only").inc()
+        if policy.reasons:
+            logger.info("reply %d degraded: %s", self.rid, ", ".join(policy.reasons))
 
     async def _generate(self, stream: TextStream) -> tuple[str, bool]:
         chunker = SentenceChunker()
@@ -139,12 +182,18 @@ class Responder:
 
     async def _speak(self, t0: float, t_end: float) -> None:
         while (phrase := await self._phrases.get()) is not None:
-            if not speakable(phrase):
+            if not speakable(phrase) or self.text_only:
                 continue
             try:
                 # a reply's first phrase is what its user waits for; later ones have the
                 # audio already playing as slack: the TTS stage serves first phrases first
                 speech = await self.engines.tts.run(phrase, priority=1 if self.spoken else 0)
+            except Busy as exc:
+                if exc.reason != "breaker":
+                    await self.error("tts_failed", f"could not speak a phrase: {exc}")
+                    continue
+                self.text_only = True  # the TTS breaker is open: the text goes on, without audio
+                continue
             except Exception as exc:  # noqa: BLE001 - skip the phrase, keep speaking
                 await self.error("tts_failed", f"could not speak a phrase: {exc}")
                 continue
@@ -180,6 +229,8 @@ class Responder:
             self.times.tts_phrase.add(speech.synth_ms)
         if self.hooks.on_first_audio is not None:
             self.hooks.on_first_audio(self.timings["voice_to_voice"])
+        if self.governor is not None:
+            self.governor.observe_v2v(self.timings["voice_to_voice"])
         if self.on_audio_start is not None:
             self.on_audio_start()
         metrics.FIRST_AUDIO.observe(now - max(t0, self._t_release))

@@ -25,12 +25,14 @@ from pipeline.asr.types import Partial
 from pipeline.config import VoxpipeConfig
 from pipeline.engines import Engines
 from pipeline.serving.admission import Admission
+from pipeline.serving.governor import Governor
 from pipeline.session import events as ev
 from pipeline.session.endpointing import AllSpeech
 from pipeline.session.gate import CHARS_PER_SPEECH_S, TurnGate
 from pipeline.session.history import ChatHistory
 from pipeline.session.replies import CANCEL_WAIT_S, Replies, send_busy
 from pipeline.session.speculation import HeldOutbox, Speculation
+from pipeline.session.status import StatusFeed
 from pipeline.session.turn_state import TurnState
 from pipeline.session.turn_tracker import INLINE_VAD_SAMPLES, RATE, TurnTracker
 from pipeline.session.types import Outbox, SpeechEnd, SpeechPause, SpeechResume, SpeechStart
@@ -55,12 +57,14 @@ class Session:
         out: the client's outbox.
         session_id: id used in logs.
         admission: the server's admission policy (None: every turn is admitted).
+        governor: the server's service level: degradations, ``server.status`` (None: none).
     """
 
     def __init__(self, *, engines: Engines, cfg: VoxpipeConfig, out: Outbox, session_id: str,
-                 admission: Admission | None = None) -> None:
+                 admission: Admission | None = None, governor: Governor | None = None) -> None:
         self.engines, self.cfg, self.out, self.id = engines, cfg, out, session_id
-        self.gate = TurnGate(admission, engines, cfg, session_id)
+        self.gate = TurnGate(admission, engines, cfg, session_id, governor)
+        self.status = StatusFeed(governor, out, self._spawn)
         self.started = False
         self.fmt: PcmFormat | None = None
         self.output_rate = 24000
@@ -78,7 +82,7 @@ class Session:
         self.turn_state = TurnState()
         self.replies = Replies(engines=engines, cfg=cfg, out=out, history=self.history,
                                turn_state=self.turn_state, spawn=self._spawn, session_id=session_id,
-                               times=self.gate.times)
+                               times=self.gate.times, governor=governor)
         self._turn_closed = False  # the client ended the latest turn with input.end
         self._speech_start = 0  # sample where the speech in progress started
         self._spec: Speculation | None = None  # speculative end of the turn in progress
@@ -120,6 +124,7 @@ class Session:
             session_id=self.id,
             input=ev.AudioFormat(sample_rate=sample_rate, format=req.format, channels=channels),
             output=ev.AudioFormat(sample_rate=output_sample_rate, format="pcm16", channels=1)))
+        await self.status.started()
 
     async def on_audio(self, data: bytes) -> None:
         """Handle a binary audio frame in the declared format (any length)."""
@@ -173,6 +178,7 @@ class Session:
 
     async def close(self) -> None:
         """Tear down: stop the reply (its LLM request is aborted) and every task."""
+        self.status.close()
         self.replies.stop()
         for task in list(self._tasks):
             task.cancel()

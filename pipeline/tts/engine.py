@@ -9,15 +9,12 @@ import time
 import numpy as np
 
 from pipeline.config import TtsConfig
+from pipeline.serving.ladder import is_oom
 from pipeline.tts.chunker import speakable
 from pipeline.tts.types import Speech
 from pipeline.worker import BatchWorker
 
 logger = logging.getLogger(__name__)
-
-
-
-
 
 
 class TtsEngine(BatchWorker[str, Speech]):
@@ -40,7 +37,9 @@ class TtsEngine(BatchWorker[str, Speech]):
         for text in items:
             try:
                 out.append(self.synthesize(text))
-            except Exception as exc:  # noqa: BLE001 - one bad phrase fails only itself
+            except Exception as exc:
+                if is_oom(exc):  # out of memory: the stage's ladder handles the whole batch
+                    raise
                 logger.warning("tts failed on %r: %s", text, exc)
                 out.append(exc)
         return out
