@@ -231,6 +231,8 @@ async def test_llm_slowness_over_the_slo_adapts_in_order_and_undoes_itself(tmp_p
             status = [e for e in c.conv.of("server.status") if e["degraded"]][-1]
             assert any(x["source"] == "slo" and x["level"] == "2" for x in status["conditions"])
             proc.send_signal(signal.SIGUSR1)  # the injection stops
+        async with Client(url) as c:  # a new session: its short history does not slow it
+            await c.start(sample_rate=16000)
             while metric(await asyncio.to_thread(scrape, http), "voxpipe_slo_adaptation_level") != 0:
                 assert turns < 120, "once the LLM is fast again the adaptation must undo itself"
                 assert (await typed_turn(c, "Say hello."))["type"] == "response.done"

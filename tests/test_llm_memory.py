@@ -213,7 +213,7 @@ async def test_a_small_budget_serializes_requests_and_admission_says_memory(tiny
 
 
 async def test_a_budget_under_one_request_still_runs_a_lone_request(tiny_llm, caplog):
-    caplog.set_level("INFO", logger="pipeline.llm.engine")
+    caplog.set_level("INFO", logger="pipeline.llm.memory")
     eng = LlmEngine(tiny_llm, LlmConfig(memory_budget_mb=0.001, **SMALL), SCHED)
     assert eng.memory.fit == 0 and eng.kv_budget == 72  # raised to one full request
     assert "raised to one full request of 72" in caplog.text

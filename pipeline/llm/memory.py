@@ -18,9 +18,17 @@ by the block size), with the activations estimated here instead of profiled.
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import psutil
+
+if TYPE_CHECKING:
+    from pipeline.config import LlmConfig, SchedulerConfig
+    from pipeline.llm.runner.runner import ModelRunner
+
+logger = logging.getLogger(__name__)
 
 GPU_MEMORY_FRACTION = 0.9
 """Share of the free CUDA memory (measured after the weights loaded) the LLM may use for
@@ -178,3 +186,60 @@ def kv_token_budget(budget: int, weights: int, activations: int, per_token: int)
     if per_token < 1:
         raise ValueError("per_token must be >= 1")
     return max(0, (budget - weights - activations) // per_token)
+
+
+@dataclass(slots=True, frozen=True)
+class MemoryPlan:
+    """The engine's memory arithmetic at load (bytes unless noted; :mod:`pipeline.llm.memory`).
+
+    Attributes:
+        budget: weights + KV + activations allowed. source: where it came from.
+        weights: the model's weights. activations: one full step's estimated peak
+            (``max_prefill_tokens + max_batch_size`` new tokens).
+        per_token: KV bytes per token. fit: KV tokens the budget holds after weights and
+            activations. configured: ``SchedulerConfig.max_kv_tokens``. floor: one full
+            request (``max_context_tokens + max_new_tokens``). kv_tokens: the KV token
+            budget in force: ``min(configured, max(fit, floor))``.
+    """
+
+    budget: int
+    source: str
+    weights: int
+    activations: int
+    per_token: int
+    fit: int
+    configured: int
+    floor: int
+    kv_tokens: int
+
+
+def plan(runner: ModelRunner, config, cfg: LlmConfig, sched: SchedulerConfig) -> MemoryPlan:
+    """Derive the KV token budget from the memory budget and log it (one line)."""
+    elt = runner.kv_dtype_bytes
+    per_token = kv_bytes_per_token(config, elt)
+    weights = runner.weight_bytes
+    free = None if cfg.memory_budget_mb > 0 else runner.device_free_bytes()
+    if cfg.memory_budget_mb > 0:
+        source = "--memory-budget"
+    elif free is not None:
+        source = f"weights + CUDA free × {GPU_MEMORY_FRACTION}"
+    else:
+        source = f"weights + available RAM × {CPU_MEMORY_FRACTION}"
+    budget = budget_bytes(weights=weights, memory_budget_mb=cfg.memory_budget_mb, device_free=free)
+    # the biggest step: one token per decoding row + a full prefill budget, rounded up to the
+    # runner's bucket; a chunk's scores are bounded by max_prefill_attention, a decoding row's
+    # by one full request; logits for every decoding row and every chunk
+    tokens = sched.max_prefill_tokens + sched.max_batch_size + runner.BUCKET
+    floor = cfg.max_context_tokens + cfg.max_new_tokens
+    attended = max(-(-sched.max_prefill_attention // sched.max_prefill_tokens), floor)
+    acts = activation_bytes(config, elt, tokens, attended=attended, logits_rows=2 * sched.max_batch_size)
+    fit = kv_token_budget(budget, weights, acts, per_token)
+    plan = MemoryPlan(budget=budget, source=source, weights=weights, activations=acts, per_token=per_token, fit=fit,
+                      configured=sched.max_kv_tokens, floor=floor,
+                      kv_tokens=min(sched.max_kv_tokens, max(fit, floor)))
+    mib = MIB
+    logger.info("LLM memory: budget %.1f MiB (%s) − weights %.1f MiB − activations %.1f MiB → %d KV tokens at "
+                "%d bytes/token; KV budget %d tokens (max_kv_tokens %d%s)", budget / mib, source, weights / mib,
+                acts / mib, fit, per_token, plan.kv_tokens, sched.max_kv_tokens,
+                f", raised to one full request of {floor}: over budget" if fit < floor <= sched.max_kv_tokens else "")
+    return plan
