@@ -124,6 +124,9 @@ class LlmConfig:
             measured after the weights loaded. The engine's KV token budget is
             ``min(max_kv_tokens, (budget − weights − activations) // KV bytes per token)``
             (:mod:`pipeline.llm.memory`), never under one full request.
+        prefix_cache: reuse KV across requests by token blocks — a conversation's earlier
+            turns are not prefilled again (:mod:`pipeline.llm.runner.block_cache`; True;
+            ``--no-prefix-cache``). Cached blocks live within the KV budget.
     """
 
     model: str = "qwen"
@@ -137,6 +140,7 @@ class LlmConfig:
     )
     queue_size: int = 64
     memory_budget_mb: float = 0.0
+    prefix_cache: bool = True
 
 
 @dataclass(slots=True, kw_only=True)

@@ -113,6 +113,12 @@ class Engines:
         """Waiting requests per stage."""
         return {"asr": self.asr.depth, "llm": self.llm.depth, "tts": self.tts.depth}
 
+    def end_session(self, session: str) -> None:
+        """``session`` ended: the LLMs may release its cached KV."""
+        self.llm.end_session(session)
+        if self.fallback_llm is not None and self.fallback_llm.stage is not None:
+            self.fallback_llm.stage.end_session(session)
+
     def load(self, cfg: VoxpipeConfig) -> Load:
         """A snapshot of the stages' queues for admission (:mod:`pipeline.serving.admission`)."""
         llm = self.llm

@@ -47,6 +47,15 @@ LLM_KV_RESERVED = Gauge("voxpipe_llm_kv_reserved_bytes",
 LLM_KV_PER_TOKEN = Gauge("voxpipe_llm_kv_bytes_per_token",
                          "KV-cache bytes per token: 2 x layers x kv_heads x head_dim x bytes per element",
                          registry=REGISTRY)
+PREFIX_QUERIED = Counter("voxpipe_llm_prefix_cache_queried_tokens_total",
+                         "prompt tokens looked up in the LLM's prefix cache", registry=REGISTRY)
+PREFIX_HIT = Counter("voxpipe_llm_prefix_cache_hit_tokens_total",
+                     "prompt tokens found in the LLM's prefix cache (not prefilled again)", registry=REGISTRY)
+PREFIX_EVICTED = Counter("voxpipe_llm_prefix_cache_evictions_total",
+                         "cached KV blocks evicted (LRU under the KV budget, the OOM ladder, ended sessions)",
+                         registry=REGISTRY)
+PREFIX_TOKENS = Gauge("voxpipe_llm_prefix_cache_tokens", "tokens of KV in the LLM's prefix cache (16 per block)",
+                      registry=REGISTRY)
 LADDER_TRANSITIONS = Counter("voxpipe_oom_ladder_transitions_total",
                              "out-of-memory ladder transitions, by stage and the step entered (0-3)",
                              ["stage", "step"], registry=REGISTRY)
@@ -78,5 +87,8 @@ def render(engines=None) -> bytes:
             LLM_KV_PER_TOKEN.set(per_token)
             LLM_KV_RESERVED.set(engines.llm.kv_reserved * per_token)
             LLM_MEMORY_BUDGET.set(engines.llm.memory_budget_bytes)
+        stats = getattr(engines.llm, "prefix_cache_stats", None)
+        if stats is not None:
+            PREFIX_TOKENS.set(stats[3])
     RSS_BYTES.set(psutil.Process().memory_info().rss)  # current, not peak (ru_maxrss)
     return generate_latest(REGISTRY)

@@ -114,6 +114,10 @@ class LlmStage(Stage, Protocol):
         """Prompt tokens of chat ``messages`` (may be slow: call it off the event loop)."""
         ...
 
+    def end_session(self, session: str) -> None:
+        """``session`` ended: what the stage keeps for it (cached KV) may go (thread-safe)."""
+        ...
+
     @property
     def active(self) -> int:
         """Requests in the batch now."""

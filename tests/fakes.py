@@ -209,6 +209,7 @@ class FakeLlm(_Stage):
     Attributes:
         requests: every request submitted, in order.
         streams: their streams (``streams[i].aborted``: request *i* was aborted).
+        ended_sessions: sessions reported ended (:meth:`end_session`), in order.
     """
 
     def __init__(self, script: Sequence[LlmReply | Exception] = (), *,
@@ -217,6 +218,7 @@ class FakeLlm(_Stage):
         self.default = default or LlmReply.of("Okay.")
         self.requests: list[GenRequest] = []
         self.streams: list[FakeTokenStream] = []
+        self.ended_sessions: list[str] = []
 
     def submit(self, req: GenRequest) -> FakeTokenStream:
         i = len(self.requests)
@@ -227,6 +229,9 @@ class FakeLlm(_Stage):
         stream = FakeTokenStream(answer)
         self.streams.append(stream)
         return stream
+
+    def end_session(self, session: str) -> None:
+        self.ended_sessions.append(session)
 
     def count_tokens(self, messages: list[dict]) -> int:
         return sum(len(str(m["content"]).split()) + 4 for m in messages)

@@ -167,17 +167,19 @@ def tiny_model():
     return LlamaForCausalLM(cfg).eval().float()
 
 
-def run(model, specs, max_batch=8, prefill_budget=2048, prefix_len=0, runner=None, plans=None, sampling=None):
+def run(model, specs, max_batch=8, prefill_budget=2048, runner=None, plans=None, sampling=None, cache=False):
     """specs: list of (arrival_step, prompt_ids, max_new); sampling: rid -> SamplingParams
-    (default greedy). Returns rid -> output ids."""
-    sched = Scheduler(SchedulerConfig(max_batch_size=max_batch, max_wait_ms=0, max_prefill_tokens=prefill_budget))
-    runner = runner or ModelRunner(model, torch.device("cpu"), pad_id=0)
+    (default greedy); cache: a runner with the prefix cache (a given ``runner`` keeps its
+    own). Returns rid -> output ids."""
+    runner = runner or ModelRunner(model, torch.device("cpu"), pad_id=0, prefix_cache=cache)
+    sched = Scheduler(SchedulerConfig(max_batch_size=max_batch, max_wait_ms=0, max_prefill_tokens=prefill_budget),
+                      on_admit=runner.lookup)
     pending = sorted(enumerate(specs), key=lambda x: x[1][0])
     reqs, step = {}, 0
     while pending or sched.has_work():
         while pending and pending[0][1][0] <= step:
             rid, (_, prompt, n) = pending.pop(0)
-            reqs[rid] = SchedRequest(rid=rid, prompt_ids=prompt, max_new_tokens=n, arrival=0, prefix_len=prefix_len,
+            reqs[rid] = SchedRequest(rid=rid, prompt_ids=prompt, max_new_tokens=n, arrival=0,
                                      sampling=(sampling or {}).get(rid, SamplingParams()))
             sched.add(reqs[rid])
         plan = sched.schedule(now=1e9)
@@ -247,13 +249,13 @@ def test_chunked_prefill_and_shared_prefix_are_token_identical(tiny_model, mixed
     for i in range(6):
         own = torch.randint(1, 256, (int(torch.randint(2, 70, (1,), generator=g)),), generator=g).tolist()
         specs.append((i * 2, system + own, int(torch.randint(4, 20, (1,), generator=g))))
-    runner = ModelRunner(tiny_model, torch.device("cpu"), pad_id=0, mixed=mixed)
+    runner = ModelRunner(tiny_model, torch.device("cpu"), pad_id=0, mixed=mixed, block_size=4)
     mixed_steps = []
     runner._mixed = lambda *a, f=runner._mixed: mixed_steps.append(1) or f(*a)  # count mixed forwards
     plans: list = []
-    together = run(tiny_model, specs, max_batch=4, prefill_budget=24, prefix_len=len(system), runner=runner,
-                   plans=plans)
-    assert runner.prefix_hits >= 4 and len(runner.prefixes) == 1
+    together = run(tiny_model, specs, max_batch=4, prefill_budget=24, runner=runner, plans=plans)
+    assert runner.blocks is not None and runner.blocks.stats.hit_tokens >= 4 * len(system)  # the system prompt
+    assert not runner._held
     assert all(sum(b - a for a, b in spans.values()) <= 24 for _, spans in plans)
     assert any(decode and spans for decode, spans in plans)  # prefill chunks ran beside decoding rows
     assert not runner._partial and runner.batch_size == 0
@@ -307,3 +309,59 @@ def test_late_chunks_of_a_long_prompt_are_cut_by_attention_cost():
     assert sizes[:3] == [512, 512, 512]  # a chunk of 512 while it attends to ≤ 1536 tokens
     assert sizes[-1] <= 128 and all(b * (a + b) <= 512 * 1536 for a, b in zip(
         [sum(sizes[:i]) for i in range(len(sizes))], sizes))
+
+
+@pytest.mark.parametrize("mixed", [True, False])
+def test_multi_turn_conversations_with_the_prefix_cache_are_token_identical(tiny_model, mixed):
+    """A conversation's next turn starts from its earlier turns' cached KV (prompt and the
+    reply as generated) and prefills only the new tokens; greedy output equals a run with no
+    cache (fp32): after a full reply, after a reply cut by barge-in (only what was spoken
+    goes on), with the oldest turn slid out of the window, and with a changed system prompt;
+    two conversations at once in one batch too."""
+    g = torch.Generator().manual_seed(5)
+
+    def rand(n: int) -> list[int]:
+        return torch.randint(1, 256, (n,), generator=g).tolist()
+
+    runner = ModelRunner(tiny_model, torch.device("cpu"), pad_id=0, mixed=mixed, block_size=4)
+    assert runner.blocks is not None
+    system, end = rand(10), [255]
+    convs = [system[:], system[:]]
+    turns: list[list[list[int]]] = [[], []]
+    for turn in range(4):
+        prompts = [convs[c] + rand(5 + 3 * turn) for c in (0, 1)]
+        specs = [(0, prompts[0], 10), (1, prompts[1], 10)]
+        hits = runner.blocks.stats.hit_tokens
+        cached = run(tiny_model, specs, max_batch=4, prefill_budget=16, runner=runner)
+        for c in (0, 1):
+            assert cached[c] == run(tiny_model, [(0, prompts[c], 10)])[0], f"turn {turn}, conversation {c}"
+        if turn:
+            assert runner.blocks.stats.hit_tokens - hits >= 2 * len(system)  # at least the system prompt, twice
+        for c in (0, 1):
+            spoken = cached[c][: len(cached[c]) // 2] if turn == 1 else cached[c]  # turn 1: barge-in
+            turns[c].append(prompts[c][len(convs[c]):] + spoken + end)
+            convs[c] = prompts[c] + spoken + end
+    assert runner.blocks.stats.hit_tokens > 4 * len(system)  # conversations hit beyond the system prompt
+    slid = system + [t for turn_ in turns[0][1:] for t in turn_] + rand(6)  # the oldest turn slid out
+    other = rand(10) + convs[0][10:] + rand(6)  # a changed system prompt: nothing after it hits
+    for prompt in (slid, other):
+        assert run(tiny_model, [(0, prompt, 10)], runner=runner)[0] == run(tiny_model, [(0, prompt, 10)])[0]
+    assert not runner._held and all(b.refs == 0 for b in runner.blocks.blocks.values())
+
+
+def test_the_block_cache_stays_within_its_limit_and_evicts_least_recent_first(tiny_model):
+    runner = ModelRunner(tiny_model, torch.device("cpu"), pad_id=0, block_size=4)
+    assert runner.blocks is not None
+    runner.cache_limit = 40
+    g = torch.Generator().manual_seed(6)
+    prompts = [torch.randint(1, 256, (30,), generator=g).tolist() for _ in range(4)]
+    for p in prompts:
+        run(tiny_model, [(0, p, 6)], runner=runner)
+        assert runner.blocks.tokens <= 40
+    assert runner.blocks.stats.evictions > 0
+    hits = runner.blocks.stats.hit_tokens
+    run(tiny_model, [(0, prompts[-1] + [7], 4)], runner=runner)  # the most recent is still there
+    assert runner.blocks.stats.hit_tokens - hits >= 28
+    hits = runner.blocks.stats.hit_tokens
+    run(tiny_model, [(0, prompts[0] + [7], 4)], runner=runner)  # the oldest was evicted
+    assert runner.blocks.stats.hit_tokens == hits

@@ -293,3 +293,35 @@ async def test_an_oom_mid_reply_requeues_the_batch_and_every_reply_is_unchanged(
         assert eng.scheduler.cfg.max_batch_size == 2 and max(eng.batch_sizes[-5:]) <= 2
     finally:
         eng.stop()
+
+
+async def test_a_conversation_reuses_its_earlier_turns_kv_and_every_reply_is_unchanged(engine, llm):
+    """Prefix caching through the engine (fp32 SmolLM2): each turn of a conversation finds the
+    system prompt, the earlier turns and the last reply in the block cache and prefills only the
+    new tokens; the greedy replies equal an engine's without the cache; the session's blocks go
+    when it ends."""
+    plain = LlmEngine(llm, LlmConfig(), SchedulerConfig(max_wait_ms=5))
+    plain.runner.blocks = None
+    plain.start()
+    cached = LlmEngine(llm, LlmConfig(), SchedulerConfig(max_wait_ms=5))
+    cached.start()
+    try:
+        history = ChatHistory(LlmConfig().system_prompt)
+        budget = LlmConfig().max_context_tokens - 24
+        questions = ["What is the capital of France?", "And of Italy?", "Which one is bigger?",
+                     "Name a river in each.", "Thanks. Say goodbye."]
+        for i, q in enumerate(questions):
+            msgs = history.prompt(q, cached.count_tokens, budget)
+            before = cached.prefix_cache_stats
+            reply = await collect(cached.submit(GenRequest(messages=msgs, max_new_tokens=24, session="s1")))
+            assert reply == await collect(plain.submit(GenRequest(messages=msgs, max_new_tokens=24))), f"turn {i}"
+            queried, hit = (a - b for a, b in zip(cached.prefix_cache_stats[:2], before[:2]))
+            if i:  # everything but the new question and the template around it was cached
+                assert hit >= 0.6 * queried, f"turn {i}: {hit} of {queried} prompt tokens cached"
+            history.add_turn(q, reply)
+        held = cached.prefix_cache_stats[3]
+        cached.end_session("s1")
+        await until(lambda: cached.prefix_cache_stats[3] < held)
+    finally:
+        cached.stop()
+        plain.stop()

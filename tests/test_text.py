@@ -100,3 +100,20 @@ def test_history_drops_oldest_turns_keeps_system():
     assert msgs[-1]["content"] == "new question"
     assert count(msgs) <= 80
     assert "user 9" in msgs[-3]["content"]
+
+
+def test_history_slides_a_quarter_of_the_budget_at_once_so_the_next_turns_share_a_prefix():
+    h = ChatHistory("sys")
+    count = lambda msgs: sum(len(m["content"].split()) for m in msgs)  # noqa: E731
+    prompts = []
+    for i in range(12):
+        prompts.append(h.prompt(f"question {i}", count, budget=100))
+        assert count(prompts[-1]) <= 100
+        h.add_turn(f"question {i} " + "w " * 8, f"answer {i}")
+    cuts = [i for i in range(1, 12) if prompts[i][1] != prompts[i - 1][1]]  # the oldest kept turn changed
+    assert cuts and len(cuts) <= 4  # not on every turn once the budget is reached
+    after = cuts[0]
+    assert count(prompts[after]) <= 75 + 10  # slid to 3/4 of the budget (+ the new question)
+    # between cuts, each prompt extends the previous one: the prefix cache hits all of it
+    for i in range(after + 1, cuts[1] if len(cuts) > 1 else 12):
+        assert prompts[i][:-1] == prompts[i - 1][:-1] + prompts[i][len(prompts[i - 1]) - 1 : -1]

@@ -73,16 +73,19 @@ class LlmEngine:
         pad = self.tokenizer.pad_token_id
         eos = llm.model.generation_config.eos_token_id
         self.eos_ids = frozenset((eos if isinstance(eos, list) else [eos]) + [self.tokenizer.eos_token_id]) - {None}
-        self.runner = ModelRunner(llm.model, llm.device, pad if pad is not None else min(self.eos_ids))
+        self.runner = ModelRunner(llm.model, llm.device, pad if pad is not None else min(self.eos_ids),
+                                  prefix_cache=cfg.prefix_cache)
         sched = sched or SchedulerConfig()
         self.memory = memory.plan(self.runner, llm.model.config, cfg, sched)
-        self.scheduler = Scheduler(dataclasses.replace(sched, max_kv_tokens=self.memory.kv_tokens))
+        self.scheduler = Scheduler(dataclasses.replace(sched, max_kv_tokens=self.memory.kv_tokens),
+                                   on_admit=self.runner.lookup)
         self._inbox: queue.Queue[tuple[GenRequest, TokenStream]] = queue.Queue(maxsize=cfg.queue_size)
         self._wake = threading.Event()
         self._stop = False
         self._thread: threading.Thread | None = None
         self._live: dict[int, _Live] = {}
-        self._probes: dict[str | None, list[int]] = {}
+        self._ended: queue.SimpleQueue[str] = queue.SimpleQueue()  # sessions whose cached KV goes
+        self._cache_seen = (0, 0, 0)  # prefix cache stats already counted in the metrics
         self._next_rid = 0
         self.steps = 0
         self.step_ms = 0.0  # moving average of a model step's time (ms), at the batch it ran
@@ -193,24 +196,20 @@ class LlmEngine:
             enc = enc["input_ids"]
         return list(enc)
 
-    def _prefix_len(self, messages: list[dict], ids: list[int]) -> int:
-        """Tokens of ``ids`` shared by every request with the same system prompt: the
-        template's system block and the opening of the first user turn (the runner keeps
-        their KV in its prefix cache)."""
-        system = messages[0]["content"] if messages and messages[0].get("role") == "system" else None
-        probe = self._probes.get(system)
-        if probe is None:
-            msgs = ([] if system is None else [messages[0]]) + [{"role": "user", "content": ""}]
-            probe = self._prompt_ids(msgs)
-            if len(self._probes) >= 64:
-                self._probes.clear()
-            self._probes[system] = probe
-        n = 0
-        for a, b in zip(ids, probe):
-            if a != b:
-                break
-            n += 1
-        return n if n < len(ids) else 0
+    def end_session(self, session: str) -> None:
+        """``session`` ended: its cached KV blocks (those no other session made) are
+        released at the next step (thread-safe)."""
+        self._ended.put(session)
+        self._wake.set()
+
+    @property
+    def prefix_cache_stats(self) -> tuple[int, int, int, int]:
+        """(prompt tokens looked up, found in the cache, blocks evicted, tokens cached now)."""
+        blocks = self.runner.blocks
+        if blocks is None:
+            return 0, 0, 0, 0
+        st = blocks.stats
+        return st.queried_tokens, st.hit_tokens, st.evictions, blocks.tokens
 
     # ---- engine thread ---------------------------------------------------------------
 
@@ -242,6 +241,7 @@ class LlmEngine:
         self._admit_new()
         self._reap_aborts()
         self._follow_ladder()
+        self._cache_housekeeping()
         plan = self.scheduler.schedule()
         if plan.empty:
             return self._idle(plan)
@@ -286,8 +286,7 @@ class LlmEngine:
         self._check_fits(len(ids), req.max_new_tokens)
         self._next_rid += 1
         return SchedRequest(rid=self._next_rid, prompt_ids=ids, max_new_tokens=req.max_new_tokens,
-                            eos_ids=self.eos_ids, prefix_len=self._prefix_len(req.messages, ids),
-                            sampling=SamplingParams.of(req))
+                            eos_ids=self.eos_ids, owner=req.session, sampling=SamplingParams.of(req))
 
     def _check_fits(self, prompt: int, max_new: int) -> None:
         """Raise ValueError if a request could never run: over the KV budget, or longer
@@ -366,9 +365,31 @@ class LlmEngine:
         logger.warning("llm out of memory (%s): %d requests requeued, ladder step %d", exc, requeued, step)
 
     def free_memory(self) -> None:
-        """The ladder's step 1 for the LLM: drop the prefix cache, then :func:`free_cached_memory`."""
-        self.runner.prefixes.clear()
+        """The ladder's step 1 for the LLM: evict every unreferenced cached block, then
+        :func:`free_cached_memory`."""
+        if self.runner.blocks is not None:
+            self.runner.blocks.clear()
         free_cached_memory()
+
+    def _cache_housekeeping(self) -> None:
+        """Release ended sessions' cached blocks; bound the cache by what the KV budget
+        leaves after the batch's reservations; count its hits for the metrics."""
+        blocks = self.runner.blocks
+        if blocks is None:
+            return
+        while True:
+            try:
+                blocks.release_owner(self._ended.get_nowait())
+            except queue.Empty:
+                break
+        self.runner.cache_limit = max(0, self.kv_budget - self.scheduler.kv_reserved)
+        st = blocks.stats
+        queried, hit, evicted = self._cache_seen
+        if (st.queried_tokens, st.hit_tokens, st.evictions) != self._cache_seen:
+            metrics.PREFIX_QUERIED.inc(st.queried_tokens - queried)
+            metrics.PREFIX_HIT.inc(st.hit_tokens - hit)
+            metrics.PREFIX_EVICTED.inc(st.evictions - evicted)
+            self._cache_seen = (st.queried_tokens, st.hit_tokens, st.evictions)
 
     def _follow_ladder(self) -> None:
         """Apply the ladder's batch size (halved from step 2 on) to the scheduler."""

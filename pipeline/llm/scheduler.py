@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
+from collections.abc import Callable
 
 from pipeline.config import SchedulerConfig
 from pipeline.llm.types import FinishReason, SchedRequest, State, StepPlan
@@ -31,10 +32,14 @@ class Scheduler:
 
     ``running`` are the decoding requests, in the model runner's row order;
     ``prefilling`` hold a slot while their prompt is prefilled chunk by chunk.
+    ``on_admit(req)`` runs when a request joins the batch, before its first chunk is
+    planned: the runner's prefix cache may set ``req.num_computed`` (the prompt tokens it
+    already holds), so only the rest is prefilled.
     """
 
-    def __init__(self, cfg: SchedulerConfig) -> None:
+    def __init__(self, cfg: SchedulerConfig, on_admit: Callable[[SchedRequest], object] | None = None) -> None:
         self.cfg = cfg
+        self.on_admit = on_admit  # told when a request joins the batch (the prefix cache lookup)
         self.waiting: deque[SchedRequest] = deque()
         self.running: list[SchedRequest] = []
         self.prefilling: list[SchedRequest] = []
@@ -125,6 +130,8 @@ class Scheduler:
             req.state = State.RUNNING
             self.prefilling.append(req)
             kv += req.kv_tokens
+            if self.on_admit is not None:  # before its chunk is planned: a cache hit starts it later
+                self.on_admit(req)
 
     @property
     def kv_reserved(self) -> int:

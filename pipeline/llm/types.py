@@ -21,6 +21,8 @@ class GenRequest:
         seed: seeds this request's own random generator when sampling (same seed,
             same reply, whatever else is in the batch).
         stop: strings that end the reply (not included in it).
+        session: the session asking (its cached KV is released when it ends:
+            :meth:`~pipeline.llm.engine.LlmEngine.end_session`); None: anonymous.
     """
 
     messages: list[dict]
@@ -29,6 +31,7 @@ class GenRequest:
     top_p: float = 1.0
     seed: int = 0
     stop: list[str] = field(default_factory=list)
+    session: str | None = None
 
 
 class FinishReason(enum.StrEnum):
@@ -92,8 +95,7 @@ class SchedRequest:
         max_new_tokens: most tokens to generate.
         eos_ids: token ids that end the request (not part of the output).
         arrival: ``time.monotonic()`` when added.
-        prefix_len: length of a prompt prefix shared with other requests (the system
-            prompt); the runner may take its KV from a prefix cache instead of computing it.
+        owner: the session that sent it (its cached KV blocks are released when it ends).
         sampling: how the runner picks this request's tokens (default greedy).
         output_ids: generated tokens so far.
         state: where the request is (waiting, in the batch, finished).
@@ -108,7 +110,7 @@ class SchedRequest:
     max_new_tokens: int
     eos_ids: frozenset[int] = frozenset()
     arrival: float = field(default_factory=time.monotonic)
-    prefix_len: int = 0
+    owner: str | None = None
     sampling: SamplingParams = field(default_factory=SamplingParams)
     output_ids: list[int] = field(default_factory=list)
     state: State = State.WAITING

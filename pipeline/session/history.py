@@ -12,14 +12,27 @@ class ChatHistory:
 
     Args:
         system_prompt: always the first message.
+        slide_to: when the prompt outgrows the budget, the oldest turns are dropped until it
+            fits in this fraction of it (0.75), not just under it.
 
     Turns are stored as (user, assistant) pairs; :meth:`prompt` drops the oldest pairs
-    until the prompt fits the budget (tokens counted by the caller's tokenizer), and
+    when the prompt is over the budget (tokens counted by the caller's tokenizer), and
     truncates the system prompt and the new user text when they alone do not fit.
+
+    Why ``slide_to``: the LLM's prefix cache reuses a conversation's KV only up to the first
+    token that differs from the previous turn's prompt, and dropping the oldest turn changes
+    the prompt right after the system prompt: that turn prefills the whole history again.
+    Dropping one turn whenever the budget is reached would do that on *every* turn of a long
+    conversation; sliding a quarter of the budget at once does it once every few turns (the
+    cut stays on turn boundaries, and the turns after a cut extend the same prefix). The price:
+    on average about an eighth of the budget less history is kept.
     """
 
-    def __init__(self, system_prompt: str) -> None:
+    def __init__(self, system_prompt: str, *, slide_to: float = 0.75) -> None:
+        if not 0.0 < slide_to <= 1.0:
+            raise ValueError("slide_to must be in (0, 1]")
         self.system_prompt = system_prompt
+        self.slide_to = slide_to
         self.turns: list[tuple[str, str]] = []
 
     @property
@@ -45,7 +58,8 @@ class ChatHistory:
     def prompt(self, user_text: str, count_tokens: Counter, budget: int) -> list[dict]:
         """Messages for the next request that never count more than ``budget`` tokens.
 
-        1. The oldest turns are dropped until the prompt fits; dropped turns are
+        1. If the prompt is over ``budget``, the oldest turns are dropped until it fits
+           in ``slide_to`` × ``budget`` (see the class docstring); dropped turns are
            forgotten for good, so each request costs one count per drop.
         2. If the system prompt and ``user_text`` alone are over budget, they are cut
            for this request only: a system prompt keeps its *beginning* (the
@@ -54,8 +68,10 @@ class ChatHistory:
            voice turn's reply should answer), starting at a word boundary when there is
            one. ``count_tokens`` is then called O(log len) times (bisection on characters).
         """
-        while self.turns and count_tokens(self.messages(user_text)) > budget:
-            self.turns.pop(0)
+        if self.turns and count_tokens(self.messages(user_text)) > budget:
+            target = int(budget * self.slide_to)
+            while self.turns and count_tokens(self.messages(user_text)) > target:
+                self.turns.pop(0)
         msgs = self.messages(user_text)
         if count_tokens(msgs) <= budget:
             return msgs

@@ -112,7 +112,7 @@ class Replies:
         return Reply(Responder(rid=self._next_rid, engines=self.engines, cfg=self.cfg, out=out,
                                history=self.history, output_rate=self.output_rate, error=error,
                                on_audio_start=self.turn_state.audio_started, release=release,
-                               times=self.times, governor=self.governor))
+                               times=self.times, governor=self.governor, session_id=self.id))
 
     def run(self, reply: Reply, user_text: str, *, turn_id: int, t_end: float, asr_ms: float,
             hooks: TurnHooks | None = None) -> None:

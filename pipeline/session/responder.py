@@ -56,14 +56,16 @@ class Responder:
         governor: the server's service level: how the reply is made (:meth:`Governor.turn_policy`:
             token limits, the fallback model, a stock line) and where its voice-to-voice time
             goes (SLO adaptation). None: normal service.
+        session_id: the session's id, on its LLM requests (its cached KV is released when it ends).
     """
 
     def __init__(self, *, rid: int, engines: Engines, cfg: VoxpipeConfig, out: Outbox, history: ChatHistory,
                  output_rate: int, error: Callable[[ev.ErrorCode, str], Awaitable[None]],
                  on_audio_start: Callable[[], object] | None = None,
                  release: asyncio.Event | None = None, times: ServiceTimes | None = None,
-                 governor: Governor | None = None) -> None:
+                 governor: Governor | None = None, session_id: str | None = None) -> None:
         self.rid, self.engines, self.cfg, self.out = rid, engines, cfg, out
+        self.session_id = session_id
         self.governor = governor
         self.text_only = False  # the TTS breaker refused a phrase: the rest of the reply is text only
         self.history, self.output_rate, self.error = history, output_rate, error
@@ -90,7 +92,7 @@ class Responder:
         # may raise Busy: before response.started, so a refused reply leaves no open response
         try:
             stream: TextStream = stock_stream(policy.stock_line) if policy.stock_line is not None else \
-                llm.submit(GenRequest(messages=messages, max_new_tokens=policy.max_new_tokens))
+                llm.submit(GenRequest(messages=messages, max_new_tokens=policy.max_new_tokens, session=self.session_id))
         finally:
             if self.hooks.on_submit is not None:
                 self.hooks.on_submit()

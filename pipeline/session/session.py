@@ -180,6 +180,7 @@ class Session:
         """Tear down: stop the reply (its LLM request is aborted) and every task."""
         self.status.close()
         self.replies.stop()
+        self.engines.end_session(self.id)
         for task in list(self._tasks):
             task.cancel()
         if self._tasks:  # never let a stuck task keep a closed session alive

@@ -114,6 +114,16 @@ class BatchKV:
         self.t += 1
         self._refresh()
 
+    def row(self, slot: int) -> RowsKV:
+        """Slot ``slot``'s real columns (its request's KV, in order) as one row: views into
+        the buffers (copy what must outlive the next step)."""
+        real = torch.nonzero(self.attn_buf[slot, self.s : self.t])
+        first = self.s + (int(real[0]) if len(real) else self.t - self.s)
+        n = self.t - first
+        return RowsKV([kb[slot : slot + 1, :, first : self.t] for kb in self.kb],
+                      [vb[slot : slot + 1, :, first : self.t] for vb in self.vb],
+                      torch.ones((1, n), dtype=torch.long, device=self.attn_buf.device))
+
     # ---- slots -------------------------------------------------------------------------
 
     def put(self, slots: list[int], rows: RowsKV) -> None:

@@ -10,9 +10,11 @@ Prefill is chunked and batched: every prompt chunk planned for a step (several j
 requests, each resuming where its previous chunk stopped) runs in one padded forward
 over the rows' own past KV. A row whose prompt is not finished keeps its KV aside
 (``_partial``); a finished one samples its first token and is appended to the batch.
-A request's shared prefix (``SchedRequest.prefix_len``: the system prompt, the same for
-every chat request) is computed once and then copied from a small LRU prefix cache, so a
-joining request prefills only its own tokens. After a padded prefill a row's KV is
+Automatic prefix caching (:mod:`pipeline.llm.runner.block_cache`, vLLM's APC): every
+prefilled prompt and every request leaving the batch (prompt + the tokens it generated) is
+cached by token blocks; a request joining the batch (:meth:`ModelRunner.lookup`) starts
+from the longest cached chain of its prompt's blocks — the system prompt, a conversation's
+earlier turns and the last reply as spoken — and prefills only the rest. After a padded prefill a row's KV is
 compacted (real columns to the right, in order: RoPE is already applied, so a column may
 move) before it takes a slot; a leaving request frees its slot.
 
@@ -25,12 +27,12 @@ every running request a whole extra step per join.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import torch
 
 from pipeline.llm.runner.batch_kv import BatchKV
+from pipeline.llm.runner.block_cache import BLOCK_SIZE, Block, BlockCache
 from pipeline.llm.runner.kv_rows import RowsKV
 from pipeline.llm.runner.mixed_attention import MixedCache, use_mixed_attention
 from pipeline.llm.types import SamplingParams, SchedRequest, StepPlan
@@ -38,12 +40,13 @@ from pipeline.llm.types import SamplingParams, SchedRequest, StepPlan
 
 @dataclass(slots=True)
 class _Row:
-    """A decoding slot's request: its id, sampling settings (``SchedRequest.sampling``) and,
-    once it samples, its own seeded generator."""
+    """A decoding slot's request: its id, sampling settings (``SchedRequest.sampling``),
+    once it samples its own seeded generator, and the request (its tokens, for the cache)."""
 
     rid: int
     sampling: SamplingParams
     gen: torch.Generator | None = field(default=None)
+    req: SchedRequest | None = None
 
 
 class ModelRunner:
@@ -53,13 +56,11 @@ class ModelRunner:
         model: a transformers causal LM (eval mode).
         device: its ``torch.device``.
         pad_id: token id used for padding (its embeddings are masked out).
-        prefix_cache_size: shared prompt prefixes whose KV is kept (0 disables).
+        prefix_cache: cache KV by token blocks and reuse it (:mod:`~pipeline.llm.runner.block_cache`).
+        block_size: tokens per cached block.
         mixed: run the prefill chunks in the same forward as the decoding rows
             (:meth:`_mixed`); False runs them as a second, padded forward.
     """
-
-    MIN_PREFIX = 8
-    """Shorter shared prefixes are not worth a cache entry."""
 
     BUCKET = 8
     """Prefill and mixed steps run a token count rounded up to a multiple of this (padding,
@@ -67,15 +68,16 @@ class ModelRunner:
     caches a bounded number (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``), so fewer distinct counts
     mean cache hits instead of recompiling, and bounded memory."""
 
-    def __init__(self, model, device, pad_id: int, *, prefix_cache_size: int = 8, mixed: bool = True) -> None:
+    def __init__(self, model, device, pad_id: int, *, prefix_cache: bool = True, block_size: int = BLOCK_SIZE,
+                 mixed: bool = True) -> None:
         self.model, self.device, self.pad_id = model, device, pad_id
         self.slots: list[_Row | None] = []  # per batch slot: its request, None = free
         self.batch: BatchKV | None = None
         self.pos: torch.Tensor | None = None  # (slots,) long: next position id
         self.last: torch.Tensor | None = None  # (slots,) long: last sampled token
-        self.prefix_cache_size = prefix_cache_size
-        self.prefixes: OrderedDict[tuple[int, ...], RowsKV] = OrderedDict()
-        self.prefix_hits = 0
+        self.blocks: BlockCache | None = BlockCache(block_size) if prefix_cache else None
+        self.cache_limit: int | None = None  # most tokens the block cache may keep (None: no limit)
+        self._held: dict[int, list[Block]] = {}  # rid -> cached blocks its prompt started from
         self._partial: dict[int, RowsKV] = {}  # rid -> KV of a prompt prefilled so far
         self.mixed = mixed and use_mixed_attention(model)
 
@@ -139,9 +141,28 @@ class ModelRunner:
         return 0 if self.batch is None else self.batch.nbytes
 
     def reset(self) -> None:
-        """Drop every row and the KV cache (after a failed step)."""
+        """Drop every row and the KV cache (after a failed step); cached blocks stay, none
+        referenced any more."""
         self.reset_batch()
         self._partial.clear()
+        if self.blocks is not None:
+            for blocks in self._held.values():
+                self.blocks.release(blocks)
+        self._held.clear()
+
+    def lookup(self, req: SchedRequest) -> int:
+        """A request joins the batch: start it from the longest cached chain of its prompt's
+        blocks (at least its last token is computed, for its first logits). Sets
+        ``req.num_computed``; returns the cached tokens (0: none)."""
+        if self.blocks is None or req.num_computed:
+            return 0
+        blocks = self.blocks.match(req.prompt_ids, len(req.prompt_ids) - 1)
+        if not blocks:
+            return 0
+        self._held[req.rid] = blocks
+        self._partial[req.rid] = BlockCache.gather(blocks)
+        req.num_computed = len(blocks) * self.blocks.block_size
+        return req.num_computed
 
     def execute(self, plan: StepPlan) -> dict[int, int]:
         """Evict, decode the running rows one token, prefill the planned prompt chunks.
@@ -201,14 +222,12 @@ class ModelRunner:
                                                             rows)))
 
     def _chunks(self, reqs: list[SchedRequest], spans: dict[int, tuple[int, int]]):
-        """Per planned chunk: its past KV (partial prompt or cached prefix), the first and
-        end token to compute, and whether it starts the prompt (a prefix to remember)."""
+        """Per planned chunk: its past KV (the prompt so far, cached blocks included), the
+        first and end token to compute, and whether it starts the prompt."""
         pasts, starts, ends, fresh = [], [], [], []
         for r in reqs:
             start, end = spans[r.rid]
-            past = self._partial.pop(r.rid, None)
-            if past is None:
-                past, start = self._cached_prefix(r, end)
+            past = self._partial.pop(r.rid, None) or RowsKV.empty()
             fresh.append(start == 0)
             pasts.append(past)
             starts.append(start)
@@ -221,15 +240,15 @@ class ModelRunner:
         last position."""
         done = [i for i, (r, e) in enumerate(zip(reqs, ends)) if e >= len(r.prompt_ids)]
         for i, r in enumerate(reqs):
-            if fresh[i] or i not in done:
-                row = kv.select([i]).trim()
-                if fresh[i]:
-                    self._remember_prefix(r, row)
-                if i not in done:
-                    self._partial[r.rid] = row
+            row = kv.select([i]).trim()
+            if i not in done:
+                self._partial[r.rid] = row
+            elif self.blocks is not None:  # the whole prompt's KV: cache its blocks
+                self.blocks.insert(r.prompt_ids, row, owner=r.owner)
+        self._fit_cache()
         if not done:
             return {}
-        rows = [_Row(reqs[i].rid, reqs[i].sampling) for i in done]
+        rows = [_Row(reqs[i].rid, reqs[i].sampling, req=reqs[i]) for i in done]
         toks = self._sample(logits[done], rows)
         self._merge(rows, kv.select(done).trim(), torch.tensor([len(reqs[i].prompt_ids) for i in done],
                                                                device=self.device))
@@ -303,26 +322,25 @@ class ModelRunner:
 
     # ---- prefix cache ------------------------------------------------------------------
 
-    def _cached_prefix(self, req: SchedRequest, end: int) -> tuple[RowsKV, int]:
-        """(past KV, first token to compute) for a request's first chunk."""
-        n = req.prefix_len
-        if n >= self.MIN_PREFIX and n < end and self.prefix_cache_size:
-            hit = self.prefixes.get(tuple(req.prompt_ids[:n]))
-            if hit is not None:
-                self.prefixes.move_to_end(tuple(req.prompt_ids[:n]))
-                self.prefix_hits += 1
-                return hit, n
-        return RowsKV.empty(), 0
+    def _fit_cache(self) -> None:
+        """Keep the block cache within :attr:`cache_limit` (least recently used first)."""
+        if self.blocks is not None and self.cache_limit is not None:
+            self.blocks.fit(self.cache_limit)
 
-    def _remember_prefix(self, req: SchedRequest, row: RowsKV) -> None:
-        n = req.prefix_len
-        key = tuple(req.prompt_ids[:n])
-        if n < self.MIN_PREFIX or not self.prefix_cache_size or row.columns < n or key in self.prefixes:
+    def _cache_leaving(self, slot: int, row: _Row) -> None:
+        """A request leaves the batch: cache its KV (prompt + the tokens it generated and fed
+        back: the reply so far) and give back the blocks it started from."""
+        req, blocks = row.req, self.blocks
+        if blocks is None:
             return
-        t = row.columns - int(row.attn.sum())  # leading padding of this compacted row
-        self.prefixes[key] = row.slice_columns(t, t + n)
-        while len(self.prefixes) > self.prefix_cache_size:
-            self.prefixes.popitem(last=False)
+        held = self._held.pop(row.rid, None)
+        if held:
+            blocks.release(held)
+        if req is None or self.batch is None:
+            return
+        tokens = req.prompt_ids[: req.prompt_len or len(req.prompt_ids)] + req.output_ids
+        kv = self.batch.row(slot)
+        blocks.insert(tokens[: kv.columns], kv, owner=req.owner)
 
     # ---- batch bookkeeping -------------------------------------------------------------
 
@@ -346,13 +364,21 @@ class ModelRunner:
         self.pos = grown
 
     def _evict(self, rids: set[int]) -> None:
+        decoding = {r.rid for r in self.slots if r is not None}
         for rid in rids:
             self._partial.pop(rid, None)
+            held = None if rid in decoding else self._held.pop(rid, None)
+            if held and self.blocks is not None:  # it left while its prompt was being prefilled
+                self.blocks.release(held)
         gone = [i for i, r in enumerate(self.slots) if r is not None and r.rid in rids]
         if not gone:
             return
         for i in gone:
+            row = self.slots[i]
+            assert row is not None
+            self._cache_leaving(i, row)
             self.slots[i] = None
+        self._fit_cache()
         live = [i for i, r in enumerate(self.slots) if r is not None]
         if not live:
             self.reset_batch()
