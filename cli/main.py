@@ -35,6 +35,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--memory-budget", type=float, default=0.0, metavar="MB",
                    help="the LLM's memory budget in MiB (weights + KV cache + activations); it caps the KV "
                         "token budget. 0: auto (CUDA: 0.9 x free device memory; CPU: 0.5 x available RAM)")
+    s.add_argument("--no-prefix-cache", action="store_true",
+                   help="prefill every prompt in full (no KV reuse across a conversation's turns)")
     s.add_argument("--end-silence-ms", type=int, default=500, help="silence that ends a turn")
     s.add_argument("--early-end-ms", type=int, default=200,
                    help="silence after which the reply starts speculatively, held until the turn ends (0: off)")
@@ -95,7 +97,8 @@ def _parser() -> argparse.ArgumentParser:
     load_bench_arguments(bsub.add_parser("load", help="turn floods at 0.5-3x the sustainable rate: SLO, goodput, busy"))
     bv = bsub.add_parser("voice", help="per-response voice latencies through a real server")
     bv.add_argument("--llm", default="smollm2")
-    bv.add_argument("--sessions", type=int, nargs="+", default=[1, 4])
+    bv.add_argument("--sessions", type=int, nargs="+", default=None,
+                    help="concurrent sessions; one row per value (default 1 4); multi-turn mode: one value (4)")
     bv.add_argument("--repeat", type=int, default=1)
     bv.add_argument("--jfk-only", action="store_true")
     bv.add_argument("--lockstep", action="store_true",
@@ -104,6 +107,15 @@ def _parser() -> argparse.ArgumentParser:
     bv.add_argument("--slo-ms", type=float, default=2000.0, help="count answered turns within this voice-to-voice (ms)")
     bv.add_argument("--serve-args", default="", help="extra 'voxpipe serve' options, e.g. '--tts-threads 2'")
     bv.add_argument("--audio-dir", default=str(Path(__file__).resolve().parent.parent / "tests" / "data" / "audio"))
+    bv_turns = bv.add_mutually_exclusive_group()
+    bv_turns.add_argument("--turns", type=int, default=None, metavar="N",
+                          help="multi-turn: each session keeps one connection and takes N turns in a row (its "
+                               "history grows); prints TTFT and voice-to-voice per turn index and a soak summary")
+    bv_turns.add_argument("--duration", type=float, default=None, metavar="S",
+                          help="multi-turn soak: take turns until S seconds have passed (e.g. 300)")
+    bv.add_argument("--compare-cache", action="store_true",
+                    help="multi-turn: run twice, with the server's default and with --no-prefix-cache appended "
+                         "to --serve-args; rows 'cache' / 'no cache'")
     bv.add_argument("--json", action="store_true")
 
     m = sub.add_parser("mic", help="talk to a server with the local microphone and speaker")
@@ -174,7 +186,8 @@ def _serve(args) -> int:
         turn=TurnConfig(end_silence_ms=args.end_silence_ms, early_end_ms=args.early_end_ms),
         asr=AsrConfig(model=args.asr_model, max_batch_size=args.asr_batch_size),
         llm=LlmConfig(model=args.llm, device=args.device, threads=args.llm_threads,
-                      max_new_tokens=args.max_new_tokens, memory_budget_mb=args.memory_budget),
+                      max_new_tokens=args.max_new_tokens, memory_budget_mb=args.memory_budget,
+                      prefix_cache=not args.no_prefix_cache),
         llm_batch=SchedulerConfig(max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms),
         tts=TtsConfig(voice=args.voice, threads=args.tts_threads),
         admission=AdmissionConfig(enabled=not args.no_admission, slo_ms=args.slo_ms),

@@ -105,6 +105,7 @@ async def test_empty_or_unspeakable_reply_speaks_a_fallback(deltas):
     class Engines:
         llm = type("L", (), {"submit": lambda self, req: _FakeStream(deltas), "count_tokens": lambda self, m: 10})()
         tts = TtsEngine(load_voice(TtsConfig()), TtsConfig())
+        fallback_llm = None
 
     Engines.tts.start()
     out, hist = Out(), ChatHistory("sys")
