@@ -169,6 +169,7 @@ def _runtime_env() -> None:
 
 def _serve(args) -> int:
     _runtime_env()
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # a drill's "stop faults" must never kill a server still starting
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from pipeline.config import (
         AdmissionConfig,
@@ -215,7 +216,21 @@ def _degrade_config(args, cls):
             slow[stage.strip()] = float(ms)
         except ValueError:
             raise ValueError(f"--breaker-slow-ms {item!r}: expected STAGE=MS, e.g. tts=1500") from None
-    faults = tuple(args.fault) + ((os.environ["VOXPIPE_FAULTS"],) if os.environ.get("VOXPIPE_FAULTS") else ())
+    from pipeline.llm.loader import LLM_CHOICES
+    from pipeline.serving.faults import parse_rules
+
+    fallback = args.fallback_llm.strip()
+    if fallback not in ("auto", "none", *LLM_CHOICES) and not Path(fallback).is_dir():
+        raise ValueError(f"--fallback-llm {fallback!r}: use auto, none, one of {', '.join(LLM_CHOICES)} or a local "
+                         "transformers folder")
+    env = os.environ.get("VOXPIPE_FAULTS")
+    faults = tuple(args.fault)
+    if env is not None:
+        try:
+            parse_rules([env])
+        except ValueError as exc:
+            raise ValueError(f"VOXPIPE_FAULTS: {exc}") from None
+        faults += (env,)
     return cls(faults=faults, fallback_llm=args.fallback_llm, preload_fallback=args.preload_fallback,
                ladder_calm_s=args.ladder_calm_s, breaker_open_s=args.breaker_open_s, breaker_slow_ms=slow,
                adapt=not args.no_adapt, adapt_down_s=args.adapt_down_s)

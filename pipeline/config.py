@@ -6,6 +6,7 @@ and raises ``ValueError`` with a clear message.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 
@@ -405,10 +406,20 @@ class VoxpipeConfig:
         from pipeline.serving.faults import parse_rules
 
         parse_rules(d.faults)  # raises ValueError for a bad rule
-        if d.ladder_calm_s <= 0 or d.adapt_up_s < 0 or d.adapt_down_s <= 0 or not 0 < d.adapt_factor <= 1:
-            raise ValueError("degrade: ladder_calm_s > 0, adapt_up_s >= 0, adapt_down_s > 0, 0 < adapt_factor <= 1")
-        if set(d.breaker_slow_ms) - {"asr", "llm", "tts"} or min(d.breaker_slow_ms.values(), default=1) <= 0:
-            raise ValueError("degrade.breaker_slow_ms: stages asr, llm, tts with times > 0 ms")
+        for name in ("ladder_calm_s", "breaker_window_s", "breaker_open_s", "adapt_window_s", "adapt_down_s"):
+            value = getattr(d, name)
+            if not (math.isfinite(value) and 0 < value <= 86_400):
+                raise ValueError(f"degrade.{name} must be a number of seconds in (0, 86400], got {value!r}")
+        if not (math.isfinite(d.adapt_up_s) and 0 <= d.adapt_up_s <= 86_400) or not 0 < d.adapt_factor <= 1 \
+                or not 0 < d.adapt_restore <= 1:
+            raise ValueError("degrade: 0 <= adapt_up_s <= 86400, 0 < adapt_factor <= 1, 0 < adapt_restore <= 1")
+        slow = d.breaker_slow_ms
+        if set(slow) - {"asr", "llm", "tts"} or not all(math.isfinite(v) and v > 0 for v in slow.values()):
+            raise ValueError("degrade.breaker_slow_ms: stages asr, llm, tts with finite times > 0 ms")
+        if not (0 < d.breaker_slow_rate <= 1 and 0 < d.breaker_failure_rate <= 1) or d.breaker_min_calls < 1 \
+                or d.breaker_probes < 1:
+            raise ValueError("degrade: breaker rates in (0, 1], breaker_min_calls and breaker_probes >= 1")
+
         if self.server.max_sessions < 0:
             raise ValueError("server.max_sessions must be >= 0 (0: auto)")
         if self.server.max_message_bytes < 4096:

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
 
-from pipeline.serving.faults import NO_FAULTS, FaultInjector
+from pipeline.serving.faults import NO_FAULTS, FaultInjector, injected
 from pipeline.serving.ladder import free_cached_memory, is_oom
 
 if TYPE_CHECKING:
@@ -237,7 +237,7 @@ class BatchWorker(Generic[In, Out]):
                 results = self.process_batch([j.item for j in jobs])
             except BaseException as exc:
                 if self.ladder is None or not is_oom(exc) or attempt == MAX_OOM_RETRIES:
-                    logger.error("%s batch failed: %s", self.name, exc, exc_info=not is_oom(exc))
+                    logger.error("%s batch failed: %s", self.name, exc, exc_info=not (is_oom(exc) or injected(exc)))
                     self._outcomes(len(jobs), time.perf_counter() - t0, [exc])
                     return jobs, [exc] * len(jobs)
                 self.ladder.oom(time.monotonic())

@@ -131,8 +131,16 @@ SCENARIOS: list[tuple[str, dict[str, Any], list[Step]]] = [
     ("a-call-leaves-the-window-when-its-age-reaches-window-s", {}, [
         *errs(4, 0.0), ("calls", 9.999, 4), ("calls", 10.0, 0), ("err", FAST, 10.0), ("state", 10.0, CLOSED),
     ]),
-    ("max-half-open-s-reopens-a-half-open-period-without-verdict", {"max_half_open_s": 5.0}, [
-        *HALF_OPEN_AT_14, ("acquire", 14.0, True), ("state", 18.999, HALF), ("state", 19.0, OPEN),
+    ("max-half-open-s-without-outcomes-renews-the-permits", {"max_half_open_s": 5.0, "half_open_calls": 1}, [
+        *HALF_OPEN_AT_14, ("acquire", 14.0, True), ("acquire", 18.999, False), ("state", 19.0, HALF),
+        ("acquire", 19.0, True), ("events", TRIPPED),  # an idle (or cancelled) probe proves nothing
+    ]),
+    ("max-half-open-s-judges-the-probes-that-came-good", {"max_half_open_s": 5.0}, [
+        *HALF_OPEN_AT_14, ("acquire", 14.0, True), ("ok", FAST, 15.0), ("state", 18.999, HALF),
+        ("state", 19.0, CLOSED), ("events", [*TRIPPED, (HALF, CLOSED)]),
+    ]),
+    ("max-half-open-s-judges-the-probes-that-came-bad", {"max_half_open_s": 5.0}, [
+        *HALF_OPEN_AT_14, ("acquire", 14.0, True), ("err", FAST, 15.0), ("state", 19.0, OPEN),
         ("acquire", 28.999, False), ("acquire", 29.0, True), ("events", [*TRIPPED, (HALF, OPEN), (OPEN, HALF)]),
     ]),
     ("max-half-open-s-zero-waits-for-the-verdict", {}, [
@@ -231,9 +239,13 @@ def check_invariants(cfg: BreakerConfig, ops: Sequence[Op]) -> None:
     model: list[tuple[float, bool, bool]] = []  # outcomes recorded while CLOSED, since it last closed
     permits = 0
     now = 0.0
+    period = cb.since
     for kind, dt, duration in ops:
         now += dt
         before = cb.state(now)
+        if before is HALF and cb.since != period:  # a new half-open period: fresh permits
+            permits = 0
+        period = cb.since
         seen = len(events)
         if before is not CLOSED:
             model.clear()
@@ -258,8 +270,9 @@ def check_invariants(cfg: BreakerConfig, ops: Sequence[Op]) -> None:
                 assert cb.state(now) is (OPEN if crossed else CLOSED)
                 assert events[seen:] == ([(CLOSED, OPEN)] if crossed else [])
         after = cb.state(now)
-        if after is not HALF or before is not HALF:
+        if after is not HALF or before is not HALF or cb.since != period:
             permits = 0
+        period = cb.since
         assert 0 <= permits <= cfg.half_open_calls
     final = cb.state(now)
     assert all(old is not new for old, new in events)

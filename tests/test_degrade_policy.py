@@ -319,3 +319,73 @@ async def test_a_worker_gives_up_after_the_retries_and_fails_only_that_batch():
         assert await asyncio.wait_for(w.submit(2), 30) == 4  # the stage lives on
     finally:
         w.stop()
+
+
+# ---- configuration errors: clear, at start ----------------------------------------------------
+
+
+@pytest.mark.parametrize("field", ["ladder_calm_s", "breaker_open_s", "adapt_down_s", "breaker_window_s"])
+@pytest.mark.parametrize("value", [0.0, -1.0, float("inf"), float("nan")])
+def test_degrade_durations_must_be_finite_and_positive(field, value):
+    cfg = VoxpipeConfig()
+    cfg.degrade = DegradeConfig(**{field: value})
+    with pytest.raises(ValueError, match=field):
+        cfg.validate()
+
+
+def test_breaker_slow_times_must_be_finite_and_positive():
+    for bad in ({"tts": float("nan")}, {"asr": 0.0}, {"gpu": 5.0}):
+        cfg = VoxpipeConfig()
+        cfg.degrade = DegradeConfig(breaker_slow_ms=bad)
+        with pytest.raises(ValueError, match="breaker_slow_ms"):
+            cfg.validate()
+
+
+@pytest.mark.parametrize(("args", "env", "message"), [
+    (["--ladder-calm-s", "inf"], None, "ladder_calm_s"),
+    (["--breaker-open-s", "nan"], None, "breaker_open_s"),
+    (["--fallback-llm", "/nonexistent"], None, "--fallback-llm"),
+    (["--fault", ""], None, "empty fault rule"),
+    ([], " , ; ", "VOXPIPE_FAULTS"),
+    ([], "llm:explode", "VOXPIPE_FAULTS"),
+])
+def test_serve_refuses_bad_degrade_settings_before_loading_anything(args, env, message):
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    environ = {k: v for k, v in os.environ.items() if k != "VOXPIPE_FAULTS"}
+    if env is not None:
+        environ["VOXPIPE_FAULTS"] = env
+    r = subprocess.run([sys.executable, "-m", "cli", "serve", "--port", "1", *args], cwd=ROOT, env=environ,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "bad configuration" in r.stderr and message in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_an_asr_ladder_at_step_2_refuses_spoken_turns_only_and_says_when_to_retry():
+    g, clock = governor()
+    g.ladders["asr"].oom(clock.t)
+    g.ladders["asr"].oom(clock.t)
+    clock.t += 20.0
+    busy = g.refusal(spoken=True)
+    assert busy is not None and busy.reason == "ladder" and 39_000 <= busy.retry_after_ms <= 40_000
+    assert g.refusal(spoken=False) is None  # a typed turn needs no ASR
+
+
+def test_an_idle_half_open_breaker_neither_reopens_nor_escalates_the_llm_policy():
+    g, clock = governor(breaker_min_calls=4)
+    for _ in range(4):
+        g.guards["llm"].record(0.01, True)
+    clock.t += 10.0
+    assert g.guards["llm"].state() is State.HALF_OPEN
+    for _ in range(6):  # a minute with no LLM call at all
+        clock.t += 10.0
+        g.tick()
+    assert g.guards["llm"].state() is State.HALF_OPEN and g.llm_opens == 1
+    assert g.turn_policy().stock_line is None
+    g.guards["llm"].record(0.01, False)  # one good probe; the period times out: judged on what came
+    clock.t += 10.0
+    assert g.guards["llm"].state() is State.CLOSED and g.llm_opens == 0

@@ -28,7 +28,7 @@ from pipeline.llm.runner.runner import ModelRunner
 from pipeline.llm.scheduler import Scheduler
 from pipeline.llm.stream import TokenStream
 from pipeline.llm.types import FinishReason, GenRequest, SamplingParams, SchedRequest, State, StepPlan
-from pipeline.serving.faults import NO_FAULTS, FaultInjector
+from pipeline.serving.faults import NO_FAULTS, FaultInjector, injected
 from pipeline.serving.ladder import free_cached_memory, is_oom, release_free_memory
 from pipeline.worker import MAX_OOM_RETRIES, Busy, CallGuard, name_native_thread
 
@@ -337,7 +337,7 @@ class LlmEngine:
                 return None
             if self.guard is not None:
                 self.guard.record(time.perf_counter() - t0, True)
-            logger.error("llm step failed: %s", exc, exc_info=not is_oom(exc))
+            logger.error("llm step failed: %s", exc, exc_info=not (is_oom(exc) or injected(exc)))
             self._oom_streak = 0
             self._fail_all(exc)
             return None

@@ -24,9 +24,12 @@ CircuitBreaker with a TIME_BASED sliding window (https://resilience4j.readme.io/
   permitted in the period; :meth:`CircuitBreaker.release` gives one back. Outcomes (of any
   call, as in resilience4j) are tallied apart from the window; once ``half_open_calls`` are
   in, the same two rate rules over them decide: over a threshold → OPEN (a new open period),
-  else → CLOSED (a fresh, empty window). With ``max_half_open_s > 0``
-  (maxWaitDurationInHalfOpenState), a half-open period that lasted that long since it was
-  entered without a verdict → OPEN; ``0`` waits for the verdict however long.
+  else → CLOSED (a fresh, empty window). With ``max_half_open_s > 0``, a half-open period
+  that lasted that long without a verdict judges the outcomes that came by the same rules
+  (OPEN or CLOSED), and with none starts a new half-open period with fresh permits; ``0``
+  waits for the verdict however long. (resilience4j's maxWaitDurationInHalfOpenState opens
+  instead; here a stage that was simply idle, or whose permitted calls were cancelled before
+  they ran, must neither stay stuck nor be punished as failing.)
 - Each transition calls ``on_transition(name, old, new)`` exactly once, after the state has
   changed; a no-op is never reported. Entering any state empties the window and the tally.
   The window is a deque of ``(t, slow, failed)`` with running totals: O(1) amortised per call.
@@ -61,7 +64,8 @@ class BreakerConfig:
     minimum_calls: int = 5  # minimumNumberOfCalls in the window before any rate counts
     open_s: float = 10.0  # waitDurationInOpenState
     half_open_calls: int = 3  # permittedNumberOfCallsInHalfOpenState
-    max_half_open_s: float = 0.0  # maxWaitDurationInHalfOpenState; 0 = wait for the verdict
+    max_half_open_s: float = 0.0  # 0 = wait for the verdict; > 0: after this long, judge the probes that came
+    # (none: fresh permits) — resilience4j's maxWaitDurationInHalfOpenState opens instead
 
     def __post_init__(self) -> None:
         for name in ("window_s", "slow_call_s", "open_s"):
@@ -93,6 +97,11 @@ class CircuitBreaker:
         self._slow = self._failed = 0  # CLOSED: totals over the window
         self._probes = self._probe_slow = self._probe_failed = 0  # HALF_OPEN: outcomes tallied
         self._permits = 0  # HALF_OPEN: calls permitted (less those released) in this period
+
+    @property
+    def since(self) -> float:
+        """When the current state began, or the current half-open period (seconds)."""
+        return self._since
 
     def state(self, now: float) -> State:
         """The state at ``now`` (seconds), after applying the open/half-open timeouts."""
@@ -193,7 +202,14 @@ class CircuitBreaker:
             if now >= self._since + cfg.open_s:
                 self._enter(State.HALF_OPEN, now)
         elif cfg.max_half_open_s > 0 and now >= self._since + cfg.max_half_open_s:
-            self._enter(State.OPEN, now)
+            # the probe calls did not all come in time (an idle stage, or permits whose calls
+            # were cancelled): judge the outcomes that came; with none, a new half-open period
+            # with fresh permits (an idle stage proves nothing either way)
+            if self._probes:
+                over = self._over(self._probes, self._probe_slow, self._probe_failed)
+                self._enter(State.OPEN if over else State.CLOSED, now)
+            else:
+                self._since, self._permits = now, 0
 
     def _enter(self, new: State, now: float) -> None:
         old, self._state, self._since = self._state, new, now

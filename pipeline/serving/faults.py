@@ -43,6 +43,11 @@ class InjectedFault(RuntimeError):
     """An injected stage failure (:mod:`pipeline.serving.faults`)."""
 
 
+def injected(exc: BaseException) -> bool:
+    """Whether ``exc`` was injected (logged without a traceback: it has no story to tell)."""
+    return isinstance(exc, (InjectedOom, InjectedFault))
+
+
 @dataclass(slots=True, frozen=True)
 class FaultRule:
     """One parsed rule (see the module docstring).
@@ -86,9 +91,15 @@ def parse_rules(specs: list[str] | tuple[str, ...]) -> tuple[FaultRule, ...]:
     """Parse rules; each spec may hold several, separated by ``,`` or ``;``.
 
     Raises:
-        ValueError: a bad rule.
+        ValueError: a bad rule, or a spec with none.
     """
-    return tuple(FaultRule.parse(part) for spec in specs for part in re.split(r"[,;]", spec) if part.strip())
+    rules: list[FaultRule] = []
+    for spec in specs:
+        parts = [part for part in re.split(r"[,;]", spec) if part.strip()]
+        if not parts:
+            raise ValueError(f"empty fault rule {spec!r}: expected STAGE:KIND[@FIRST][xCOUNT]")
+        rules.extend(FaultRule.parse(part) for part in parts)
+    return tuple(rules)
 
 
 class FaultInjector:

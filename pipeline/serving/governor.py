@@ -161,10 +161,11 @@ class Governor:
 
     def refusal(self, *, spoken: bool) -> Busy | None:
         """Why a turn ending now must be refused, or None (see the module docstring)."""
+        now = self.clock()
         for name, ladder in self.ladders.items():
-            if ladder.refusing:
+            if ladder.refusing and (spoken or name != "asr"):  # a typed turn needs no ASR
                 return Busy(f"the {name} stage ran out of memory twice: new turns are refused while it recovers",
-                            reason="ladder", retry_after_ms=int(self.d.ladder_calm_s * 1000))
+                            reason="ladder", retry_after_ms=max(500, int(ladder.calm_left(now) * 1000)))
         if spoken and self.guards["asr"].state() is State.OPEN:
             left = self.guards["asr"].open_left_s()
             return Busy("speech recognition is failing (its circuit breaker is open): type instead, or try later",

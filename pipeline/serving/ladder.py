@@ -129,6 +129,10 @@ class OomLadder:
         self._changed(old, old - 1)
         return old - 1
 
+    def calm_left(self, now: float) -> float:
+        """Seconds until the next step down if no OOM comes (0 at step 0)."""
+        return 0.0 if self.step == 0 else max(0.0, self._since + self.calm_s - now)
+
     @property
     def refusing(self) -> bool:
         """New turns are refused: step 2 reached by an OOM (on the way down, step 2 only
@@ -140,10 +144,12 @@ class OomLadder:
         return max(1, base // 2) if self.step >= 2 else base
 
     def _changed(self, old: int, new: int) -> None:
-        logger.warning("event=oom_ladder stage=%s from=%d to=%d effect=%r", self.stage, old, new, _MEANING[new])
+        effect = _MEANING[new] if new > old else _DOWN[new]
+        logger.warning("event=oom_ladder stage=%s from=%d to=%d effect=%r", self.stage, old, new, effect)
         if self.on_transition is not None:
             self.on_transition(self.stage, old, new)
 
 
 _MEANING = {0: "normal service", 1: "cached memory freed, call retried", 2: "batch halved, new turns refused",
             3: "new turns go to the fallback model"}
+_DOWN = {0: "normal service", 1: "full batch again", 2: "main model again, batch still halved, no refusals"}

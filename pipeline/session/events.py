@@ -187,7 +187,8 @@ class ResponseDone(_ServerEvent):
     text: str
     fallback: bool = Field(description="the model said nothing speakable, or the LLM was unavailable, and a stock "
                                        "line was spoken")
-    text_only: bool = Field(default=False, description="no audio: the TTS stage's circuit breaker was open (degraded)")
+    text_only: bool = Field(default=False, description="some or all of the reply has no audio: the TTS stage's "
+                                                       "circuit breaker was open, or it failed (tts_failed)")
     finish_reason: Literal["stop", "length", "abort", "error"]
     output_tokens: int
     audio_s: float

@@ -67,7 +67,9 @@ class Responder:
         self.rid, self.engines, self.cfg, self.out = rid, engines, cfg, out
         self.session_id = session_id
         self.governor = governor
-        self.text_only = False  # the TTS breaker refused a phrase: the rest of the reply is text only
+        self.text_only = False  # TTS refused (its breaker) or failed a phrase: the reply lacks that audio
+        self.on_fallback = False  # the fallback LLM made this reply
+        self._tts_failed = False  # a tts_failed error was sent (once per reply)
         self.history, self.output_rate, self.error = history, output_rate, error
         self.on_audio_start, self.release, self.times = on_audio_start, release, times
         self.started = False  # response.started was sent: the reply must end with done or cancelled
@@ -142,13 +144,14 @@ class Responder:
         if policy.fallback and fallback is not None:
             stage = fallback.get()
             if stage is not None:
+                self.on_fallback = True
                 return stage
         return self.engines.llm
 
     def _count_degraded(self, policy: TurnPolicy) -> None:
         if policy.stock_line is not None:
             metrics.DEGRADED_REPLIES.labels("stock_line").inc()
-        elif policy.fallback and self.engines.fallback_llm is not None and self.engines.fallback_llm.loaded:
+        elif self.on_fallback:
             metrics.DEGRADED_REPLIES.labels("fallback_model").inc()
         elif policy.max_new_tokens < self.cfg.llm.max_new_tokens:
             metrics.DEGRADED_REPLIES.labels("short").inc()
@@ -192,12 +195,12 @@ class Responder:
                 speech = await self.engines.tts.run(phrase, priority=1 if self.spoken else 0)
             except Busy as exc:
                 if exc.reason != "breaker":
-                    await self.error("tts_failed", f"could not speak a phrase: {exc}")
+                    await self._tts_error(exc)
                     continue
                 self.text_only = True  # the TTS breaker is open: the text goes on, without audio
                 continue
             except Exception as exc:  # noqa: BLE001 - skip the phrase, keep speaking
-                await self.error("tts_failed", f"could not speak a phrase: {exc}")
+                await self._tts_error(exc)
                 continue
             if len(speech.audio) == 0:
                 continue
@@ -215,6 +218,14 @@ class Responder:
                 self.audio_s += len(chunk) / self.output_rate
                 if first:  # counted once the frame went out: a reply cancelled before that is not
                     self._first_audio(now, t0, t_end, speech)
+
+    async def _tts_error(self, exc: BaseException) -> None:
+        """A phrase could not be spoken: its text stays, its audio is missing (``text_only``);
+        the client hears of it once per reply (one ``tts_failed`` error)."""
+        self.text_only = True
+        if not self._tts_failed:
+            self._tts_failed = True
+            await self.error("tts_failed", f"could not speak a phrase (the reply goes on as text): {exc}")
 
     def _first_audio(self, now: float, t0: float, t_end: float, speech) -> None:
         """Record the reply's first audio (sent at ``now``): timings, metrics, callbacks."""
