@@ -325,3 +325,23 @@ async def test_a_conversation_reuses_its_earlier_turns_kv_and_every_reply_is_unc
     finally:
         cached.stop()
         plain.stop()
+
+
+async def test_the_prefix_cache_fills_only_what_the_kv_budget_leaves(llm):
+    """With a KV budget of about one full request, many different conversations fill the cache:
+    it evicts least recently used blocks and never holds more than the budget leaves."""
+    eng = LlmEngine(llm, LlmConfig(memory_budget_mb=1.0), SchedulerConfig(max_wait_ms=5))
+    budget = eng.kv_budget
+    assert budget <= LlmConfig().max_context_tokens + LlmConfig().max_new_tokens  # raised to one full request
+    eng.start()
+    try:
+        seen = []
+        for i in range(12):
+            topic = f"Tell me one fact about the number {i * 7919}, the ocean and the color {i}. " * 6
+            await collect(eng.submit(ask(topic, 8)))
+            seen.append(eng.prefix_cache_stats[3])
+            assert seen[-1] <= budget
+        queried, hit, evicted, tokens = eng.prefix_cache_stats
+        assert evicted > 0 and 0 < tokens <= budget and max(seen) > budget // 2  # it filled up, then evicted
+    finally:
+        eng.stop()
