@@ -61,10 +61,13 @@ def test_a_session_that_ends_takes_its_own_blocks_but_not_shared_ones():
     c = BlockCache(block_size=2)
     c.insert([1, 2, 3, 4], kv(4), owner="a")  # [1, 2]: the shared system prompt
     c.insert([1, 2, 5, 6], kv(4), owner="b")
-    held = c.match([1, 2, 3, 4, 9], limit=4)
-    assert c.release_owner("a") == 0  # a's blocks are referenced by a running request
-    c.release(held)
-    c.insert([1, 2, 3, 4], kv(4), owner="a")
+    c.insert([1, 2, 7, 8], kv(4), owner="c")
+    held = c.match([1, 2, 7, 8, 9], limit=4)
+    assert c.release_owner("c") == 0  # c's blocks are referenced by a running request
+    c.release(held)  # ... and go once it is done: [7, 8] only ([1, 2] is a's and b's too)
+    probe = c.match([1, 2, 7, 8, 9], limit=4)
+    assert len(probe) == 1
+    c.release(probe)
     assert c.release_owner("a") == 1  # [3, 4] went; [1, 2] is b's too
     a, b = c.match([1, 2, 3, 4, 9], limit=4), c.match([1, 2, 5, 6, 9], limit=4)
     assert len(a) == 1 and len(b) == 2
@@ -72,3 +75,16 @@ def test_a_session_that_ends_takes_its_own_blocks_but_not_shared_ones():
     c.release(a)
     c.release(b)
     assert c.clear() == 2 and c.tokens == 0
+
+
+def test_a_session_that_ends_mid_request_leaves_nothing_behind():
+    """An abrupt disconnect: the session ends while its request still uses blocks and before
+    the request leaves the batch; its blocks go once released, and the leaving request
+    caches nothing for a dead owner."""
+    c = BlockCache(block_size=2)
+    c.insert([1, 2, 3, 4], kv(4), owner="gone")
+    held = c.match([1, 2, 3, 4, 5], limit=4)
+    assert c.release_owner("gone") == 0  # in use
+    assert c.insert([1, 2, 3, 4, 5, 6], kv(6), owner="gone") == 0  # the leaving request's KV: not cached
+    c.release(held)
+    assert c.tokens == 0 and c.stats.evictions == 2

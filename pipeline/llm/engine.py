@@ -121,8 +121,13 @@ class LlmEngine:
 
     @property
     def kv_reserved(self) -> int:
-        """KV-cache tokens the batch's requests may hold (prompt + max new tokens each)."""
-        return self.scheduler.kv_reserved
+        """KV-cache tokens held or reserved: the batch's requests (prompt + max new tokens
+        each) and the cached blocks they started from (copies while they run: not evictable).
+        Admission's memory check reads this; unreferenced cached blocks are not counted (they
+        are evicted to make room)."""
+        blocks = self.runner.blocks
+        referenced = 0 if blocks is None else max(0, blocks.tokens - blocks.evictable_tokens)  # read racily: >= 0
+        return self.scheduler.kv_reserved + referenced
 
     @property
     def kv_budget(self) -> int:

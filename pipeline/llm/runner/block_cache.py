@@ -47,6 +47,7 @@ class Block:
     values: list[torch.Tensor]
     refs: int = 0
     owners: set[str] = field(default_factory=set)
+    orphaned: bool = False  # its last owner ended while a request used it: evicted once released
 
 
 @dataclass(slots=True)
@@ -80,6 +81,7 @@ class BlockCache:
         self.block_size = block_size
         self.blocks: dict[int, Block] = {}
         self._lru: OrderedDict[int, None] = OrderedDict()  # unreferenced blocks, least recent first
+        self._ended: OrderedDict[str, None] = OrderedDict()  # owners that ended (the last 4096)
         self.stats = CacheStats()
 
     def __len__(self) -> int:
@@ -125,7 +127,11 @@ class BlockCache:
         for block in reversed(blocks):
             block.refs -= 1
             if block.refs == 0 and block.key in self.blocks:
-                self._lru[block.key] = None
+                if block.orphaned and not block.owners:
+                    del self.blocks[block.key]
+                    self.stats.evictions += 1
+                else:
+                    self._lru[block.key] = None
 
     @staticmethod
     def gather(blocks: list[Block]) -> RowsKV:
@@ -140,7 +146,10 @@ class BlockCache:
 
     def insert(self, ids: Sequence[int], kv: RowsKV, *, owner: str | None = None) -> int:
         """Cache the full blocks of ``ids`` whose KV is ``kv`` (one row whose last
-        ``len(ids)`` columns are those tokens, in order). Returns the blocks added."""
+        ``len(ids)`` columns are those tokens, in order). Returns the blocks added. An
+        owner that already ended (:meth:`release_owner`) caches nothing."""
+        if owner is not None and owner in self._ended:
+            return 0
         b = self.block_size
         n = min(len(ids), kv.columns) // b * b
         first = kv.columns - min(len(ids), kv.columns)  # the row's leading padding, if any
@@ -161,6 +170,7 @@ class BlockCache:
                 break  # a hash collision: stop rather than mix two chains
             if owner is not None:
                 block.owners.add(owner)
+                block.orphaned = False
             parent = key
         return added
 
@@ -181,16 +191,24 @@ class BlockCache:
 
     def release_owner(self, owner: str) -> int:
         """A session ended: forget it as an owner; evict the unreferenced blocks no live
-        session made any more (a shared system prompt's blocks have other owners). Returns
-        the blocks evicted."""
+        session made any more (a shared system prompt's blocks have other owners), and those
+        still in use once released; its requests still leaving the batch cache nothing.
+        Returns the blocks evicted now."""
+        self._ended[owner] = None
+        while len(self._ended) > 4096:
+            self._ended.popitem(last=False)
         gone = 0
         for key, block in list(self.blocks.items()):
             if owner not in block.owners:
                 continue
             block.owners.discard(owner)
-            if not block.owners and block.refs == 0:
-                self._lru.pop(key, None)
-                del self.blocks[key]
-                gone += 1
+            if block.owners:
+                continue
+            if block.refs:  # still in use: it goes when released
+                block.orphaned = True
+                continue
+            self._lru.pop(key, None)
+            del self.blocks[key]
+            gone += 1
         self.stats.evictions += gone
         return gone
