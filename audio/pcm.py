@@ -101,11 +101,12 @@ class PcmDecoder:
         self._carry = b""
         self._checked = False
         self.error: AudioFormatError | None = None  # the latched format mismatch
-        self._resampler = (
-            None
-            if fmt.sample_rate == TARGET_RATE
-            else soxr.ResampleStream(fmt.sample_rate, TARGET_RATE, 1, dtype="float32", quality="HQ")
-        )
+        self._resampler = self._new_resampler()
+
+    def _new_resampler(self) -> soxr.ResampleStream | None:
+        if self.fmt.sample_rate == TARGET_RATE:
+            return None
+        return soxr.ResampleStream(self.fmt.sample_rate, TARGET_RATE, 1, dtype="float32", quality="HQ")
 
     def feed(self, data: bytes) -> np.ndarray:
         """Decode ``data`` (any length); returns float32 samples at 16 kHz, shape (n,)."""
@@ -139,9 +140,13 @@ class PcmDecoder:
         return self._resample(x, last=False)
 
     def flush(self) -> np.ndarray:
-        """End of stream: drop any partial frame and return the resampler's tail."""
+        """End of stream (``input.end``): drop any partial frame and return the resampler's
+        tail. More audio may follow (the next turn on the same socket): it starts a fresh
+        resampler (soxr's stream takes no input after its last chunk)."""
         self._carry = b""
-        return self._resample(np.zeros(0, dtype=np.float32), last=True)
+        tail = self._resample(np.zeros(0, dtype=np.float32), last=True)
+        self._resampler = self._new_resampler()
+        return tail
 
     def _check(self, raw: bytes) -> None:
         if self.fmt.format != "pcm16":

@@ -32,6 +32,8 @@ logger = logging.getLogger(__name__)
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
 CLOSE_TRY_AGAIN_LATER = 1013
 """WebSocket close code for a connection refused by the session cap (RFC 6455 registry)."""
+CLOSE_INTERNAL_ERROR = 1011
+"""WebSocket close code after a session failed on an internal error (RFC 6455 §7.4.1)."""
 AUTO_SESSIONS_PER_SLOT = 8
 """``--max-sessions 0`` (auto): this many open sessions per LLM batch slot (64 by default).
 Sessions mostly listen; admission gates their turns, the cap bounds what idle sessions hold
@@ -100,8 +102,12 @@ class VoxpipeServer:
         if path == "/metrics":
             return _response(200, metrics.render(self.engines), "text/plain; version=0.0.4")
         name = "index.html" if path == "/" else path.lstrip("/")
-        file = (WEB_DIR / name).resolve()
-        if file.is_file() and WEB_DIR in file.parents:
+        try:
+            file = (WEB_DIR / name).resolve()
+            found = file.is_file() and WEB_DIR in file.parents
+        except (OSError, ValueError):  # a name too long, or with a NUL: no such file
+            found = False
+        if found:
             ctype = mimetypes.guess_type(file.name)[0] or "application/octet-stream"
             if file.suffix == ".js":
                 ctype = "text/javascript"
@@ -117,6 +123,7 @@ class VoxpipeServer:
             await ws.close(CLOSE_TRY_AGAIN_LATER, f"server full: {self.max_sessions} sessions")
             return
         sid = uuid.uuid4().hex[:12]
+        close_code = 1000  # normal closure; 1011 after an internal error
         s = self.cfg.server
         out = WsOutbox(ws, maxsize=s.send_queue, timeout_s=s.slow_client_timeout_s)
         writer = asyncio.create_task(out.run())
@@ -138,6 +145,7 @@ class VoxpipeServer:
             pass
         except Exception:
             logger.exception("session %s crashed", sid)
+            close_code = CLOSE_INTERNAL_ERROR
             try:
                 await session.error("internal", "internal error; session closed", fatal=True)
             except Exception:  # noqa: BLE001
@@ -149,7 +157,7 @@ class VoxpipeServer:
                 await asyncio.wait_for(writer, timeout=2.0)
             except (TimeoutError, Exception):  # noqa: BLE001
                 writer.cancel()
-            await ws.close()
+            await ws.close(close_code, "internal error" if close_code == CLOSE_INTERNAL_ERROR else "")
             self.sessions -= 1
             metrics.SESSIONS.dec()
             logger.info("session %s closed", sid)

@@ -38,8 +38,8 @@ def parse_client_event(text: str) -> ClientEvent:
     """
     try:
         raw = json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as exc:
-        raise ProtocolError("bad_json", f"text frame is not JSON: {exc}") from None
+    except (ValueError, RecursionError) as exc:  # ValueError: bad JSON, or an int over Python's 4300 digits
+        raise ProtocolError("bad_json", f"text frame is not JSON we accept: {str(exc)[:200]}") from None
     if not isinstance(raw, dict):
         raise ProtocolError("bad_json", f"event must be a JSON object, got {type(raw).__name__}")
     kind = raw.get("type")

@@ -268,3 +268,13 @@ async def test_language_on_an_english_only_model_is_reported(server):
         err = c.conv.of("error")
         assert len(err) == 1 and err[0]["code"] == "bad_event" and "English-only" in err[0]["message"]
         assert err[0]["fatal"] is False and c.conv.of("session.started")
+
+
+def test_a_very_long_path_is_a_404_not_a_server_error(server):
+    """A 4,000-character path raised OSError (file name too long) inside the request
+    handler: a 500 and a traceback. No such file: 404."""
+    import urllib.error
+
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(server["http"] + "/" + "a" * 4000, timeout=30)
+    assert err.value.code == 404

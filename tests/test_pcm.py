@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from audio.pcm import AudioFormatError, PcmDecoder, PcmFormat, looks_like_f32, resample
+from audio.pcm import AudioFormatError, PcmDecoder, PcmFormat, float_to_pcm16, looks_like_f32, resample
 
 
 def tone(rate: int, seconds: float = 1.0, hz: float = 440.0) -> np.ndarray:
@@ -118,3 +118,16 @@ def test_bad_formats_raise(kw):
     args = dict(sample_rate=16000, format="pcm16", channels=1) | kw
     with pytest.raises(ValueError):
         PcmFormat(**args)
+
+
+@pytest.mark.parametrize("rate", [8000, 44100, 48000])
+def test_audio_after_the_end_of_input_starts_a_fresh_stream(rate):
+    """input.end, then more audio on the same socket (the web demo's second push-to-talk
+    turn at 48 kHz): the resampler's stream had ended ("Input after last input" killed the
+    session); the next turn decodes like the first."""
+    dec = PcmDecoder(PcmFormat(rate, "pcm16", 1))
+    tone = float_to_pcm16(0.3 * np.sin(2 * np.pi * 440 * np.arange(rate) / rate).astype(np.float32))
+    first = np.concatenate([dec.feed(tone), dec.flush()])
+    second = np.concatenate([dec.feed(tone), dec.flush()])
+    assert abs(len(first) - 16000) <= 16 and abs(len(second) - 16000) <= 16
+    assert np.allclose(first, second, atol=1e-4)

@@ -26,3 +26,13 @@ def test_unknown_type_error_does_not_echo_a_huge_value():
     with pytest.raises(ProtocolError) as exc:
         parse_client_event(json.dumps({"type": "x" * 1_000_000}))
     assert exc.value.code == "unknown_type" and len(str(exc.value)) < 300
+
+
+def test_a_number_over_pythons_digit_limit_is_bad_json_not_a_crash():
+    """json.loads raises ValueError (not JSONDecodeError) for an int over 4300 digits: it is a
+    protocol error of that frame (it killed the session with ``internal``)."""
+    from server.protocol import ProtocolError, parse_client_event
+
+    with pytest.raises(ProtocolError) as err:
+        parse_client_event('{"type": "response.cancel", "x": ' + "1" * 5000 + "}")
+    assert err.value.code == "bad_json"
