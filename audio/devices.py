@@ -30,13 +30,20 @@ class Player:
     Args:
         sample_rate: output rate (Hz).
         device: sounddevice output device (name or index), None for the default.
+
+    Raises:
+        DeviceError: no output device (or PortAudio is missing).
     """
 
     def __init__(self, sample_rate: int, device=None) -> None:
         self._buf: collections.deque[np.ndarray] = collections.deque()
         self._lock = threading.Lock()
-        self._stream = _sd().OutputStream(samplerate=sample_rate, channels=1, dtype="int16",
-                                          device=device, callback=self._callback)
+        sd = _sd()
+        try:
+            self._stream = sd.OutputStream(samplerate=sample_rate, channels=1, dtype="int16",
+                                           device=device, callback=self._callback)
+        except Exception as exc:  # noqa: BLE001 - PortAudioError and friends
+            raise DeviceError(f"cannot open the speaker: {exc}") from None
 
     def start(self) -> None:
         self._stream.start()

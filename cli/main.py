@@ -60,6 +60,19 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--adapt-down-s", type=float, default=60.0,
                    help="SLO adaptation: time back under the SLO before a step is undone")
     s.add_argument("--no-adapt", action="store_true", help="do not adapt replies to the SLO at run time")
+    s.add_argument("--token", default=os.environ.get("VOXPIPE_TOKEN") or None,
+                   help="bearer token clients must give (default: $VOXPIPE_TOKEN); required off loopback")
+    s.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
+                   help="a browser origin (scheme://host[:port], or '*') allowed to open /ws besides the page's own")
+    s.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                   help="a Host name accepted besides localhost/127.0.0.1/[::1] (e.g. behind a proxy)")
+    s.add_argument("--idle-timeout-s", type=float, default=300.0,
+                   help="close a session whose client sends nothing for this long (0: never)")
+    s.add_argument("--audio-rate-x", type=float, default=3.0,
+                   help="audio a client may send, x real time sustained, before the server reads it slower")
+    s.add_argument("--audio-burst-s", type=float, default=60.0,
+                   help="seconds of audio a client may send at once beyond --audio-rate-x")
+    s.add_argument("--text-rate", type=float, default=20.0, help="text frames per second a client may send sustained")
     s.add_argument("--log-level", default="INFO")
 
     a = sub.add_parser("ask", help="send an audio file, print and save the spoken reply")
@@ -75,6 +88,8 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("--json", action="store_true", help="print exactly one JSON object")
     a.add_argument("--language", default=None)
     a.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for the reply")
+    a.add_argument("--token", default=os.environ.get("VOXPIPE_TOKEN") or None,
+                   help="the server's bearer token (default: $VOXPIPE_TOKEN)")
 
     b = sub.add_parser("bench", help="run a benchmark and print its table")
     bsub = b.add_subparsers(dest="bench", required=True)
@@ -122,6 +137,8 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--url", default="ws://127.0.0.1:8765/ws")
     m.add_argument("--input-device", default=None)
     m.add_argument("--output-device", default=None)
+    m.add_argument("--token", default=os.environ.get("VOXPIPE_TOKEN") or None,
+                   help="the server's bearer token (default: $VOXPIPE_TOKEN)")
     return p
 
 
@@ -153,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "mic":
         from clients.mic import run_mic
 
-        return run_mic(args.url, input_device=args.input_device, output_device=args.output_device)
+        return run_mic(args.url, input_device=args.input_device, output_device=args.output_device, token=args.token)
     return 2
 
 
@@ -192,7 +209,10 @@ def _serve(args) -> int:
         llm_batch=SchedulerConfig(max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms),
         tts=TtsConfig(voice=args.voice, threads=args.tts_threads),
         admission=AdmissionConfig(enabled=not args.no_admission, slo_ms=args.slo_ms),
-        server=ServerConfig(host=args.host, port=args.port, max_sessions=args.max_sessions),
+        server=ServerConfig(host=args.host, port=args.port, max_sessions=args.max_sessions, token=args.token,
+                            allow_origins=tuple(args.allow_origin), allow_hosts=tuple(args.allow_host),
+                            idle_timeout_s=args.idle_timeout_s, audio_rate_x=args.audio_rate_x,
+                            audio_burst_s=args.audio_burst_s, text_rate=args.text_rate),
     )
     try:
         cfg.degrade = _degrade_config(args, DegradeConfig)
@@ -251,6 +271,9 @@ async def _serve_async(cfg) -> int:
     host, port = cfg.server.host, cfg.server.port
     log.info("voxpipe ready: ws://%s:%d/ws  web demo: http://%s:%d/", host, port, host, port)
     print(f"voxpipe ready on ws://{host}:{port}/ws (web demo http://{host}:{port}/)", flush=True)
+    if cfg.server.token:
+        print("clients need the token: the web demo as http://HOST:PORT/?token=TOKEN, ask/mic with --token or "
+              "VOXPIPE_TOKEN", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -259,6 +282,7 @@ async def _serve_async(cfg) -> int:
     await stop.wait()
     server.close()
     await server.wait_closed()
+    await app.stop_tasks()
     engines.stop()
     return 0
 
@@ -266,13 +290,24 @@ async def _serve_async(cfg) -> int:
 def _ask(args) -> int:
     from websockets.exceptions import WebSocketException
 
-    from clients.client import ServerUnavailable, ask, describe_busy, describe_status, save_reply
+    from clients.client import (
+        EXIT_DENIED,
+        AccessDenied,
+        ServerUnavailable,
+        ask,
+        describe_busy,
+        describe_status,
+        save_reply,
+    )
 
     try:
         live = None if args.json else (lambda p: print(f"  ... {p['text']}", flush=True))
         status = None if args.json else (lambda s: print(describe_status(s, column=12), flush=True))
         res = asyncio.run(ask(args.audio, url=args.url, fast=args.fast, timeout_s=args.timeout,
-                              language=args.language, on_partial=live, on_status=status))
+                              language=args.language, on_partial=live, on_status=status, token=args.token))
+    except AccessDenied as exc:
+        print(f"voxpipe ask: {exc}", file=sys.stderr)
+        return EXIT_DENIED
     except ServerUnavailable as exc:
         print(f"voxpipe ask: {exc}", file=sys.stderr)
         return 3

@@ -100,6 +100,31 @@ class ServerUnavailable(ConnectionError):
     """No voxpipe server answered at the URL."""
 
 
+class AccessDenied(ConnectionError):
+    """The server refused this client before the upgrade: HTTP 401 (no or a wrong token) or
+    403 (a Host or Origin it does not accept). The message says which and what to do."""
+
+
+EXIT_DENIED = 6
+"""Exit status of ``ask`` and ``mic`` when the server refused the client (401/403)."""
+
+
+def auth_headers(token: str | None) -> dict[str, str]:
+    """The handshake headers that carry ``token`` (``Authorization: Bearer``), if any."""
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def access_denied(exc: BaseException) -> AccessDenied | None:
+    """``exc`` as :class:`AccessDenied` if it is the server's 401/403 answer to the upgrade."""
+    from websockets.exceptions import InvalidStatus
+
+    if not isinstance(exc, InvalidStatus) or exc.response.status_code not in (401, 403):
+        return None
+    said = exc.response.body.decode("utf-8", "replace").strip()[:300] if exc.response.body else ""
+    hint = (" (pass --token or set VOXPIPE_TOKEN)" if exc.response.status_code == 401 else "")
+    return AccessDenied(f"the server refused this client (HTTP {exc.response.status_code}): {said}{hint}")
+
+
 @dataclass(slots=True)
 class AskResult:
     """What one ``ask`` produced (see :meth:`as_json`)."""
@@ -142,19 +167,20 @@ def _pcm16_frames(path: str) -> tuple[list[bytes], int, int]:
 async def ask(path: str, *, url: str, fast: bool = False, output_rate: int = 24000,
               timeout_s: float = 120.0, language: str | None = None,
               on_partial: Callable[[dict], None] | None = None,
-              on_status: Callable[[dict], None] | None = None) -> AskResult:
+              on_status: Callable[[dict], None] | None = None, token: str | None = None) -> AskResult:
     """Stream ``path`` (any soundfile-readable file, sent as PCM16 at its own rate and
     channel count) at real-time pace (or as fast as possible), send ``input.end``, and
     wait for the reply. ``on_partial`` is called with each ``{"t_ms", "text"}`` partial
     transcript as it arrives (``t_ms``: since the first audio was sent); ``on_status``
     with each ``server.status`` event (the server's service level changed: degraded or back
-    to normal).
+    to normal). ``token``: the server's bearer token, if it needs one.
 
     A session refused by the server's session cap (HTTP 503, or close code 1013) comes back
     as ``busy`` with reason ``sessions``, like a refused turn.
 
     Raises:
         ServerUnavailable: nothing accepts a WebSocket at ``url``.
+        AccessDenied: the server refused this client (a missing or wrong token: HTTP 401).
         TimeoutError: no reply within ``timeout_s``.
     """
     from websockets.asyncio.client import connect
@@ -163,10 +189,14 @@ async def ask(path: str, *, url: str, fast: bool = False, output_rate: int = 240
     frames, rate, channels = _pcm16_frames(path)
     res = AskResult(output_rate=output_rate)
     try:
-        ws = await asyncio.wait_for(connect(url, max_size=None, open_timeout=10), 15)
+        ws = await asyncio.wait_for(connect(url, max_size=None, open_timeout=10,
+                                            additional_headers=auth_headers(token)), 15)
     except (TimeoutError, OSError) as exc:
         raise ServerUnavailable(f"no voxpipe server at {url} ({exc})") from None
     except InvalidHandshake as exc:
+        denied = access_denied(exc)
+        if denied is not None:
+            raise denied from None
         res.busy = refused_session(exc)
         if res.busy is None:
             raise ServerUnavailable(f"no voxpipe server at {url} ({exc})") from None

@@ -8,7 +8,7 @@ import math
 import sys
 from typing import TextIO
 
-from clients.client import describe_busy, describe_status, refused_session
+from clients.client import EXIT_DENIED, access_denied, auth_headers, describe_busy, describe_status, refused_session
 from server.protocol import parse_audio_frame
 
 RATE = 16000
@@ -71,7 +71,7 @@ class Console:
             self.stream.write("\n")
 
 
-async def _session(url: str, input_device, output_device, console: Console) -> None:
+async def _session(url: str, input_device, output_device, console: Console, token: str | None = None) -> None:
     from websockets.asyncio.client import connect
 
     from audio.devices import Player, open_microphone
@@ -87,7 +87,7 @@ async def _session(url: str, input_device, output_device, console: Console) -> N
 
         loop.call_soon_threadsafe(put)
 
-    async with connect(url, max_size=None) as ws:
+    async with connect(url, max_size=None, additional_headers=auth_headers(token)) as ws:
         await ws.send(json.dumps({"type": "session.start", "sample_rate": RATE, "format": "pcm16",
                                   "channels": 1, "output_sample_rate": OUT_RATE}))
         player = Player(OUT_RATE, output_device)
@@ -130,19 +130,24 @@ async def _session(url: str, input_device, output_device, console: Console) -> N
             player.close()
 
 
-def run_mic(url: str, *, input_device=None, output_device=None) -> int:
+def run_mic(url: str, *, input_device=None, output_device=None, token: str | None = None) -> int:
     """Run the microphone client until Ctrl+C; returns an exit status (0; 2: no audio
-    device; 3: no server; 5: the server refused the session, busy ``sessions``)."""
+    device; 3: no server; 5: the server refused the session, busy ``sessions``; 6: the
+    server refused this client, HTTP 401/403). ``token``: the server's bearer token."""
     from websockets.exceptions import WebSocketException
 
     from audio.devices import DeviceError
 
     console = Console()
     try:
-        asyncio.run(_session(url, input_device, output_device, console))
+        asyncio.run(_session(url, input_device, output_device, console, token))
     except KeyboardInterrupt:
         return 0
     except WebSocketException as exc:
+        denied = access_denied(exc)
+        if denied is not None:
+            console.say(f"voxpipe mic: {denied}")
+            return EXIT_DENIED
         busy = refused_session(exc)
         if busy is None:
             console.say(f"voxpipe mic: {exc}")

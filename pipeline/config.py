@@ -6,6 +6,7 @@ and raises ``ValueError`` with a clear message.
 
 from __future__ import annotations
 
+import ipaddress
 import math
 from dataclasses import dataclass, field
 
@@ -330,10 +331,11 @@ class DegradeConfig:
 
 @dataclass(slots=True, kw_only=True)
 class ServerConfig:
-    """WebSocket server.
+    """WebSocket server and its edge (who may connect, how fast a client may send).
 
     Attributes:
-        host, port: listen address (127.0.0.1:8765).
+        host, port: listen address (127.0.0.1:8765). A host that is not loopback needs
+            ``token``.
         max_message_bytes: largest WebSocket message accepted (4 MiB ≈ 65 s of 16 kHz
             f32 mono); a larger one closes the connection with code 1009.
         send_queue: outbound events buffered per session before the slowest data is
@@ -342,6 +344,25 @@ class ServerConfig:
         max_sessions: open sessions at most; more connections are refused (HTTP 503 before
             the upgrade, or close code 1013) before they cost anything. 0 = auto: 8 per LLM
             batch slot (64 with the default batch of 8).
+        token: bearer token required on ``/ws`` (``Authorization: Bearer …`` or
+            ``?token=…``), and on ``/metrics`` when the host is not loopback; None = none
+            (allowed on loopback only).
+        allow_origins: browser origins (``scheme://host[:port]``, or ``*``) allowed to open
+            ``/ws`` besides the page's own origin; a request without ``Origin`` (not a
+            browser) is not affected.
+        allow_hosts: ``Host`` names accepted besides the loopback names (on a loopback
+            server anything else is refused: DNS rebinding). On a non-loopback host the
+            ``Host`` is checked only when this is given.
+        idle_timeout_s: a session whose client sends no frame for this long is closed
+            (300 s; 0 = never). WebSocket pings (every 20 s) close half-open connections.
+        audio_rate_x: sustained audio input per client, × real time (3.0); beyond it and
+            the burst, the server reads the client's audio at this rate (it stops reading
+            the socket) and sends ``error`` ``rate_limited`` once.
+        audio_burst_s: seconds of audio a client may send at once beyond the sustained
+            rate (60 s: a file or clip sent as fast as possible).
+        text_rate: sustained text frames per second per client (20; a frame counts once
+            per started 16 KiB).
+        text_burst: text frames a client may send at once (100).
     """
 
     host: str = "127.0.0.1"
@@ -350,6 +371,45 @@ class ServerConfig:
     send_queue: int = 256
     slow_client_timeout_s: float = 10.0
     max_sessions: int = 0
+    token: str | None = None
+    allow_origins: tuple[str, ...] = ()
+    allow_hosts: tuple[str, ...] = ()
+    idle_timeout_s: float = 300.0
+    audio_rate_x: float = 3.0
+    audio_burst_s: float = 60.0
+    text_rate: float = 20.0
+    text_burst: float = 100.0
+
+    def validate(self) -> None:
+        """Raises:
+            ValueError: a limit out of range, or a non-loopback host without a token."""
+        if self.max_sessions < 0:
+            raise ValueError("server.max_sessions must be >= 0 (0: auto)")
+        if self.max_message_bytes < 4096:
+            raise ValueError("server.max_message_bytes must be >= 4096")
+        for name in ("audio_rate_x", "audio_burst_s", "text_rate", "text_burst"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"server.{name} must be a finite number > 0, got {value!r}")
+        if not (math.isfinite(self.idle_timeout_s) and self.idle_timeout_s >= 0):
+            raise ValueError("server.idle_timeout_s must be >= 0 s (0: never)")
+        if self.token is not None and not self.token.strip():
+            raise ValueError("server.token is empty: give a secret, or none on a loopback host")
+        if not self.token and not is_loopback(self.host):
+            raise ValueError(f"listening on {self.host}, which is not loopback, needs a token: set --token or "
+                             "VOXPIPE_TOKEN (anyone who reaches the port could use the server and its models)")
+
+
+def is_loopback(host: str) -> bool:
+    """``host`` (a name or address, IPv6 with or without brackets) is a loopback one:
+    ``localhost`` or in 127.0.0.0/8 or ::1. ``0.0.0.0``/``::`` (every interface) are not."""
+    host = host.strip().lower().removeprefix("[").removesuffix("]")
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 @dataclass(slots=True, kw_only=True)
@@ -420,8 +480,5 @@ class VoxpipeConfig:
                 or d.breaker_probes < 1:
             raise ValueError("degrade: breaker rates in (0, 1], breaker_min_calls and breaker_probes >= 1")
 
-        if self.server.max_sessions < 0:
-            raise ValueError("server.max_sessions must be >= 0 (0: auto)")
-        if self.server.max_message_bytes < 4096:
-            raise ValueError("server.max_message_bytes must be >= 4096")
+        self.server.validate()
         return self

@@ -32,6 +32,15 @@ PREDICTED = Histogram("voxpipe_admission_predicted_seconds",
 LOOP_LAG = Histogram("voxpipe_event_loop_lag_seconds", "how late the server's event loop ran a due callback",
                      buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5), registry=REGISTRY)
 SESSIONS = Gauge("voxpipe_sessions", "open sessions", registry=REGISTRY)
+EDGE_REFUSALS = Counter("voxpipe_edge_refusals_total",
+                        "HTTP requests refused before any upgrade, by reason (host, origin, token)", ["reason"],
+                        registry=REGISTRY)
+THROTTLED_SECONDS = Counter("voxpipe_client_throttled_seconds_total",
+                            "time the server stopped reading clients that sent faster than their budget, by kind",
+                            ["kind"], registry=REGISTRY)
+SESSIONS_CLOSED = Counter("voxpipe_sessions_closed_total",
+                          "sessions ended, by reason (client, session_end, idle, slow_client, internal, not_ready)",
+                          ["reason"], registry=REGISTRY)
 ERRORS = Counter("voxpipe_client_errors_total", "error events sent to clients", ["code"], registry=REGISTRY)
 LLM_RUNNING = Gauge("voxpipe_llm_running", "LLM requests decoding in the batch", registry=REGISTRY)
 LLM_BATCH = Histogram("voxpipe_llm_batch_size", "requests per LLM decode step",

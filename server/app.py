@@ -24,6 +24,8 @@ from pipeline.serving.loop_lag import LoopLag
 from pipeline.session.events import InputEnd, ResponseCancel, SessionEnd, SessionStart, TextInput
 from pipeline.session.session import Session
 
+from .budget import ClientBudget, Pace
+from .edge import EdgeGuard
 from .outbox import SlowClient, WsOutbox
 from .protocol import ProtocolError, parse_client_event
 
@@ -34,10 +36,16 @@ CLOSE_TRY_AGAIN_LATER = 1013
 """WebSocket close code for a connection refused by the session cap (RFC 6455 registry)."""
 CLOSE_INTERNAL_ERROR = 1011
 """WebSocket close code after a session failed on an internal error (RFC 6455 §7.4.1)."""
+CLOSE_NORMAL = 1000
+"""WebSocket close code of a normal end: ``session.end``, or an idle session closed."""
 AUTO_SESSIONS_PER_SLOT = 8
 """``--max-sessions 0`` (auto): this many open sessions per LLM batch slot (64 by default).
 Sessions mostly listen; admission gates their turns, the cap bounds what idle sessions hold
 (buffers, VAD state, an outbox each)."""
+
+
+class IdleClient(Exception):
+    """The client sent no frame for ``ServerConfig.idle_timeout_s``."""
 
 
 class VoxpipeServer:
@@ -59,6 +67,7 @@ class VoxpipeServer:
         self._governor_task: asyncio.Task | None = None
         self.loop_lag = LoopLag(on_sample=self.admission.note_loop_lag)
         self._lag_task: asyncio.Task | None = None
+        self.edge = EdgeGuard(cfg.server)
         self.sessions = 0
         self.max_sessions = cfg.server.max_sessions or AUTO_SESSIONS_PER_SLOT * cfg.llm_batch.max_batch_size
 
@@ -84,10 +93,26 @@ class VoxpipeServer:
             compression=None,
         )
 
+    async def stop_tasks(self) -> None:
+        """Stop the background tasks :meth:`serve` started (loop-lag probe, governor)."""
+        tasks = [t for t in (self._lag_task, self._governor_task) if t is not None]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._lag_task = self._governor_task = None
+
     # ---- HTTP --------------------------------------------------------------------
 
     def process_request(self, connection: ServerConnection, request: Request) -> Response | None:
-        path = request.path.split("?", 1)[0]
+        path, _, query = request.path.partition("?")
+        refusal = self.edge.check(path, query, request.headers)
+        if refusal is not None:
+            metrics.EDGE_REFUSALS.labels(refusal.reason).inc()
+            logger.info("refused %s from %s: %s", path[:100], connection.remote_address, refusal.message)
+            resp = connection.respond(refusal.status, refusal.message + "\n")
+            if refusal.status == http.HTTPStatus.UNAUTHORIZED:
+                resp.headers["WWW-Authenticate"] = 'Bearer realm="voxpipe"'
+            return resp
         if path == "/ws":
             if self.sessions >= self.max_sessions:  # cheap early refusal, before the upgrade
                 metrics.ADMISSIONS.labels("refused", "sessions").inc()
@@ -123,7 +148,7 @@ class VoxpipeServer:
             await ws.close(CLOSE_TRY_AGAIN_LATER, f"server full: {self.max_sessions} sessions")
             return
         sid = uuid.uuid4().hex[:12]
-        close_code = 1000  # normal closure; 1011 after an internal error
+        close_code, reason = CLOSE_NORMAL, "client"  # 1011 after an internal error
         s = self.cfg.server
         out = WsOutbox(ws, maxsize=s.send_queue, timeout_s=s.slow_client_timeout_s)
         writer = asyncio.create_task(out.run())
@@ -134,18 +159,31 @@ class VoxpipeServer:
         logger.info("session %s opened from %s", sid, ws.remote_address)
         try:
             if not self.ready:
+                reason = "not_ready"
                 await session.error("not_ready", "server is warming up; try again shortly", fatal=True)
                 return
-            async for message in ws:
+            budget = ClientBudget(s)
+            while True:
+                message = await self._next_frame(ws)
                 if isinstance(message, bytes):
-                    await session.on_audio(message)
-                elif await self._dispatch(session, message) is SessionEnd:
+                    await self._audio(session, budget, message)
+                    continue
+                await self._pace(session, budget.text_frame(len(message)), "text")
+                if await self._dispatch(session, message) is SessionEnd:
+                    reason = "session_end"
                     break
-        except (ConnectionClosed, SlowClient):
+        except IdleClient:
+            reason = "idle"
+            logger.info("session %s idle for %.0f s: closing", sid, s.idle_timeout_s)
+            await session.error("idle_timeout", f"no frame from the client for {s.idle_timeout_s:g} s; "
+                                "session closed", fatal=True)
+        except ConnectionClosed:
             pass
+        except SlowClient:
+            reason = "slow_client"
         except Exception:
             logger.exception("session %s crashed", sid)
-            close_code = CLOSE_INTERNAL_ERROR
+            close_code, reason = CLOSE_INTERNAL_ERROR, "internal"
             try:
                 await session.error("internal", "internal error; session closed", fatal=True)
             except Exception:  # noqa: BLE001
@@ -157,10 +195,48 @@ class VoxpipeServer:
                 await asyncio.wait_for(writer, timeout=2.0)
             except (TimeoutError, Exception):  # noqa: BLE001
                 writer.cancel()
-            await ws.close(close_code, "internal error" if close_code == CLOSE_INTERNAL_ERROR else "")
+            await ws.close(close_code, {"internal": "internal error", "idle": "idle"}.get(reason, ""))
             self.sessions -= 1
             metrics.SESSIONS.dec()
-            logger.info("session %s closed", sid)
+            metrics.SESSIONS_CLOSED.labels(reason).inc()
+            logger.info("session %s closed (%s)", sid, reason)
+
+    async def _next_frame(self, ws: ServerConnection) -> str | bytes:
+        """The client's next frame; raises :class:`IdleClient` after ``idle_timeout_s``
+        without one (``recv`` is cancellation-safe: nothing is lost)."""
+        idle = self.cfg.server.idle_timeout_s
+        if not idle:
+            return await ws.recv()
+        try:
+            async with asyncio.timeout(idle):
+                return await ws.recv()
+        except TimeoutError:
+            raise IdleClient from None
+
+    async def _audio(self, session: Session, budget: ClientBudget, data: bytes) -> None:
+        """An audio frame, handled one second of audio at a time, each after its budget
+        allows (a 4 MiB frame of 8 kHz PCM16 holds 4 minutes: it is paced, not swallowed)."""
+        per_s = session.audio_bytes_per_s()
+        if per_s is None:  # no session.start yet: the session reports it
+            await session.on_audio(data)
+            return
+        for i in range(0, max(len(data), 1), per_s):
+            piece = data[i:i + per_s]
+            await self._pace(session, budget.audio_seconds(len(piece) / per_s), "audio")
+            await session.on_audio(piece)
+
+    async def _pace(self, session: Session, pace: Pace, kind: str) -> None:
+        """Wait as the client's budget says before handling its frame (see server.budget)."""
+        if pace.wait_s <= 0.0:
+            return
+        metrics.THROTTLED_SECONDS.labels(kind).inc(pace.wait_s)
+        if pace.warn:
+            s = self.cfg.server
+            limit = (f"audio faster than {s.audio_rate_x:g}x real time (after a {s.audio_burst_s:g} s burst)"
+                     if kind == "audio" else f"more than {s.text_rate:g} text frames/s (after {s.text_burst:g})")
+            await session.error("rate_limited", f"{limit}: the server reads it at that rate from now on; "
+                                "nothing is dropped")
+        await asyncio.sleep(pace.wait_s)
 
     async def _dispatch(self, session: Session, text: str):
         try:

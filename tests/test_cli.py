@@ -130,3 +130,26 @@ def test_runtime_env_bounds_onednn_cache_but_user_setting_wins(monkeypatch):
     _runtime_env()
     assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "256"
     assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
+
+
+def test_ask_and_mic_pass_the_token_and_say_in_one_line_when_it_is_missing(audio_dir):
+    """Against the real server's edge (fake stages, in this process) with ``--token``: both
+    clients refused without it (exit 6, one line, no traceback); ``ask`` with the token (from
+    ``VOXPIPE_TOKEN``) is answered, ``mic`` with it gets past the handshake to the audio
+    devices (none by that name: exit 2, one line)."""
+    from pipeline.config import ServerConfig, VoxpipeConfig
+    from tests.fake_server import fake_server_thread
+
+    with fake_server_thread(VoxpipeConfig(server=ServerConfig(token="cli-token"))) as srv:
+        for cmd in (["ask", str(audio_dir / "en_cmu_goforward.wav"), "--fast", "--no-out"], ["mic"]):
+            r = voxpipe(*cmd, "--url", srv.ws, timeout=300)
+            assert r.returncode == 6, r.stderr
+            line = r.stderr.strip()
+            assert "\n" not in line and "HTTP 401" in line and "--token or set VOXPIPE_TOKEN" in line, line
+        r = subprocess.run([sys.executable, "-m", "cli", "ask", str(audio_dir / "en_cmu_goforward.wav"), "--fast",
+                            "--no-out", "--json", "--url", srv.ws], cwd=ROOT, capture_output=True, text=True,
+                           timeout=300, env=dict(os.environ, VOXPIPE_TOKEN="cli-token"))
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["reply_text"]
+        r = voxpipe("mic", "--url", srv.ws, "--token", "cli-token", "--input-device", "no-such-device", timeout=300)
+        assert r.returncode == 2 and "HTTP 401" not in r.stderr and "Traceback" not in r.stderr, r.stderr

@@ -198,14 +198,14 @@ BUSY_STATE = """() => {
 }"""
 
 
-def open_page(b, http: str):
-    """A fresh page on ``http``/; returns it with the list its uncaught JS errors go to."""
+def open_page(b, http: str, path: str = "/"):
+    """A fresh page on ``http`` + ``path``; returns it with the list its uncaught JS errors go to."""
     ctx = b.new_context(viewport={"width": 900, "height": 1000})
     ctx.set_default_timeout(120_000)
     page = ctx.new_page()
     js_errors: list[str] = []
     page.on("pageerror", lambda e: js_errors.append(str(e)))
-    page.goto(http + "/")
+    page.goto(http + path)
     return page, js_errors
 
 
@@ -345,3 +345,40 @@ def test_browser_explains_ladder_and_breaker_busy_and_marks_a_text_only_reply():
         # replies with speech carry no such note
         assert page.locator(".msg .note").count() == 1
         assert not js_errors, js_errors
+
+
+# ---- the edge: the token from the page's URL; a foreign page cannot connect ----------------
+
+WS_PROBE = """(url) => new Promise((resolve) => {
+  const ws = new WebSocket(url);
+  ws.onopen = () => { ws.close(); resolve("open"); };
+  ws.onclose = (e) => resolve(`closed ${e.code}`);
+})"""
+
+
+def test_browser_passes_the_token_from_its_url_and_a_foreign_page_cannot_connect():
+    """The real server's edge (fake stages): the page opened as ``/?token=...`` connects and
+    is answered; opened without it, it says a token is needed; a page of another origin
+    (the scripted server, another port) cannot open the server's WebSocket at all."""
+    from pipeline.config import ServerConfig, VoxpipeConfig
+    from tests.fake_server import fake_server_thread
+
+    token = "page-token"
+    cfg = VoxpipeConfig(server=ServerConfig(token=token))
+    with launch() as b, fake_server_thread(cfg) as srv, scripted_server() as other:
+        page, js_errors = open_page(b, srv.http, f"/?token={token}")
+        send_text(page, "Hello?")
+        wait(page, "window.voxpipe.events.some(e => e.type === 'response.done')", timeout_s=60,
+             what="the reply over the token-protected socket")
+        assert page.evaluate("window.voxpipe.refused") is None and not js_errors, js_errors
+
+        page, _ = open_page(b, srv.http)  # no token
+        send_text(page, "Hello?")
+        refused = wait(page, "window.voxpipe.refused", timeout_s=60, what="the page to say why it was refused")
+        assert refused["status"] == 401 and "token is required" in refused["message"]
+        wait(page, "window.voxpipe.status === 'refused: token needed'", timeout_s=30, what="the status badge")
+        assert page.evaluate("window.voxpipe.events") == []
+
+        page, _ = open_page(b, other.http)  # a page of another origin, token and all
+        assert page.evaluate(WS_PROBE, f"{srv.ws}?token={token}") == "closed 1006"
+        assert page.evaluate(WS_PROBE, other.url) == "open"  # the probe itself works

@@ -7,6 +7,10 @@
   const PLAYBACK_LEAD_S = 0.06; // head start for the first chunk of a reply
   const CLOSE_TRY_AGAIN_LATER = 1013; // close code of the session cap
   const $ = (id) => document.getElementById(id);
+  // A server started with --token needs it on /ws; browsers cannot set headers on a
+  // WebSocket, so the page passes it as ?token=, taken from its own URL (/?token=...).
+  const TOKEN = new URLSearchParams(location.search).get("token");
+  const TOKEN_QUERY = TOKEN ? `?token=${encodeURIComponent(TOKEN)}` : "";
 
   // State a test (or a curious user in the console) can read.
   const vp = (window.voxpipe = {
@@ -26,6 +30,7 @@
     replyText: "", // text of the latest reply so far
     busy: [], // every refusal shown: {reason, retry_after_ms, message} (busy events, 503, close 1013)
     degraded: [], // the latest server.status's conditions ([]: normal service) — see showStatus
+    refused: null, // {status, message}: the server refused the connection (401 token, 403 Host/Origin)
   });
 
   let ctx = null; // AudioContext (one per page)
@@ -142,9 +147,19 @@
 
   // The upgrade failed before the socket opened (the browser reports only code 1006):
   // ask the same URL over plain HTTP whether it is the session cap (503 + Retry-After).
+  // Why a WebSocket was refused before it opened (browsers do not say): ask /ws over plain
+  // HTTP. 503 = the session cap (shown as busy); 401/403 = the token, Host or Origin.
   async function refusedForSessions() {
     try {
-      const r = await fetch("/ws", { cache: "no-store" });
+      const r = await fetch(`/ws${TOKEN_QUERY}`, { cache: "no-store" });
+      if (r.status === 401 || r.status === 403) {
+        const body = (await r.text()).trim();
+        const hint = r.status === 401 ? " — open this page as /?token=YOUR_TOKEN" : "";
+        log(`connection refused: HTTP ${r.status}: ${body}${hint}`, "error");
+        setStatus("closed", r.status === 401 ? "refused: token needed" : "refused");
+        vp.refused = { status: r.status, message: body };
+        return false;
+      }
       if (r.status !== 503) return false;
       const secs = parseFloat(r.headers.get("Retry-After"));
       const body = (await r.text()).trim();
@@ -214,7 +229,7 @@
   function connect() {
     if (ws && ws.readyState === WebSocket.OPEN) return Promise.resolve();
     if (connecting) return connecting;
-    const url = `${location.protocol === "https:" ? "wss:" : "ws:"}//${location.host}/ws`;
+    const url = `${location.protocol === "https:" ? "wss:" : "ws:"}//${location.host}/ws${TOKEN_QUERY}`;
     setStatus("connecting", "connecting…");
     showStatus(null); // a new connection: the server says again if it is degraded
     connecting = new Promise((resolve, reject) => {

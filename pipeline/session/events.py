@@ -229,7 +229,7 @@ class ServerStatus(_ServerEvent):
 
 
 ErrorCode = Literal["bad_json", "unknown_type", "bad_event", "no_session", "bad_audio", "asr_failed",
-                    "tts_failed", "reply_failed", "not_ready", "internal"]
+                    "tts_failed", "reply_failed", "not_ready", "rate_limited", "idle_timeout", "internal"]
 
 
 class Error(_ServerEvent):

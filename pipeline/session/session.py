@@ -126,6 +126,12 @@ class Session:
             output=ev.AudioFormat(sample_rate=output_sample_rate, format="pcm16", channels=1)))
         await self.status.started()
 
+    def audio_bytes_per_s(self) -> int | None:
+        """Bytes per second of audio in the declared wire format; None before
+        ``session.start``."""
+        fmt = self.fmt if self._decoder is not None else None
+        return None if fmt is None else fmt.frame_bytes * fmt.sample_rate
+
     async def on_audio(self, data: bytes) -> None:
         """Handle a binary audio frame in the declared format (any length)."""
         decoder = self._decoder

@@ -1,0 +1,92 @@
+"""Per-client input budgets: how far ahead of real time a client's audio may run, and how
+many text frames it may send, before the server stops reading its socket.
+
+A token bucket (the classic traffic-shaping algorithm, e.g. RFC 2697's committed burst)
+per kind: it refills at ``rate`` units per second up to ``burst`` units; a frame takes its
+units and may leave the bucket in debt, in which case the reader waits until the debt is
+repaid before it handles the frame. Waiting — not dropping — loses no audio and no events:
+while the session's reader waits, websockets stops reading the socket once its small
+receive queue is full, and TCP flow control slows the client. Only that client waits; every
+other session's reader goes on (each connection has its own task).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pipeline.config import ServerConfig
+
+TEXT_UNIT_BYTES = 16 * 1024
+"""A text frame counts once per started 16 KiB: parsing a 4 MiB frame costs like 256 small ones."""
+WARN_EVERY_S = 10.0
+"""A throttled client is told (``error`` ``rate_limited``) at most this often."""
+
+
+class TokenBucket:
+    """A token bucket that may go into debt.
+
+    Args:
+        rate: units per second refilled (> 0). burst: capacity in units (> 0); the bucket
+            starts full. clock: monotonic seconds (injectable for tests).
+    """
+
+    def __init__(self, rate: float, burst: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.rate, self.burst, self.clock = rate, burst, clock
+        self.level = burst
+        self._t = clock()
+
+    def take(self, units: float) -> float:
+        """Take ``units`` (≥ 0) now; returns the seconds to wait before using them (0 when
+        the bucket covered them). The debt is booked at once: a second call before the
+        wait is over waits for both."""
+        now = self.clock()
+        self.level = min(self.burst, self.level + (now - self._t) * self.rate)
+        self._t = now
+        self.level -= units
+        return max(0.0, -self.level / self.rate)
+
+
+@dataclass(slots=True)
+class Pace:
+    """What a client must do before its frame is handled: ``wait_s`` seconds; ``warn``:
+    send it ``error`` ``rate_limited`` (the first throttled frame, then every
+    :data:`WARN_EVERY_S`)."""
+
+    wait_s: float
+    warn: bool
+
+
+class ClientBudget:
+    """The audio and text budgets of one connection (``ServerConfig.audio_rate_x`` ×
+    real time with ``audio_burst_s`` of burst; ``text_rate`` frames/s with ``text_burst``).
+
+    Args:
+        cfg: the server configuration. clock: as for :class:`TokenBucket`.
+    """
+
+    def __init__(self, cfg: ServerConfig, clock: Callable[[], float] = time.monotonic) -> None:
+        self.audio = TokenBucket(cfg.audio_rate_x, cfg.audio_burst_s, clock)
+        self.text = TokenBucket(cfg.text_rate, cfg.text_burst, clock)
+        self.clock = clock
+        self._warned_at = -float("inf")
+        self.throttled_s = 0.0  # total wait imposed on this client (s)
+
+    def audio_seconds(self, seconds: float) -> Pace:
+        """``seconds`` of audio arrived (its duration in the declared format)."""
+        return self._pace(self.audio.take(seconds))
+
+    def text_frame(self, n_bytes: int) -> Pace:
+        """A text frame of ``n_bytes`` arrived."""
+        return self._pace(self.text.take(1 + n_bytes // TEXT_UNIT_BYTES))
+
+    def _pace(self, wait_s: float) -> Pace:
+        if wait_s <= 0.0:
+            return Pace(0.0, False)
+        self.throttled_s += wait_s
+        now = self.clock()
+        warn = now - self._warned_at >= WARN_EVERY_S
+        if warn:
+            self._warned_at = now
+        return Pace(wait_s, warn)
