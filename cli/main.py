@@ -110,6 +110,10 @@ def _parser() -> argparse.ArgumentParser:
     from bench.load import add_arguments as load_bench_arguments
 
     load_bench_arguments(bsub.add_parser("load", help="turn floods at 0.5-3x the sustainable rate: SLO, goodput, busy"))
+    from bench.edge import add_arguments as edge_bench_arguments
+
+    edge_bench_arguments(bsub.add_parser("edge", help="does one abusive client (20x real time, 4 MiB frames) slow "
+                                                      "another session's voice-to-voice?"))
     bv = bsub.add_parser("voice", help="per-response voice latencies through a real server")
     bv.add_argument("--llm", default="smollm2")
     bv.add_argument("--sessions", type=int, nargs="+", default=None,
@@ -160,6 +164,10 @@ def main(argv: list[str] | None = None) -> int:
             from bench.load import main as bench_load
 
             return bench_load(args)
+        if args.bench == "edge":
+            from bench.edge import main as bench_edge
+
+            return bench_edge(args)
         if args.bench == "voice":
             from bench.voice import main as bench_voice
 

@@ -363,6 +363,12 @@ class ServerConfig:
         text_rate: sustained text frames per second per client (20; a frame counts once
             per started 16 KiB).
         text_burst: text frames a client may send at once (100).
+        read_stall_s: longest one frame may stall its client's reader waiting for budget
+            (3 s); audio beyond it in that frame, or a text frame that would wait longer,
+            is dropped (``rate_limited`` says so). Keeps keepalive pongs flowing: at most
+            ``receive_queue`` frames × this lie ahead of one, well under the 20 s timeout.
+        receive_queue: frames websockets buffers per client before it stops reading the
+            socket (4: with 4 MiB frames, 16 MiB per client at most).
     """
 
     host: str = "127.0.0.1"
@@ -379,6 +385,8 @@ class ServerConfig:
     audio_burst_s: float = 60.0
     text_rate: float = 20.0
     text_burst: float = 100.0
+    read_stall_s: float = 3.0
+    receive_queue: int = 4
 
     def validate(self) -> None:
         """Raises:
@@ -387,7 +395,9 @@ class ServerConfig:
             raise ValueError("server.max_sessions must be >= 0 (0: auto)")
         if self.max_message_bytes < 4096:
             raise ValueError("server.max_message_bytes must be >= 4096")
-        for name in ("audio_rate_x", "audio_burst_s", "text_rate", "text_burst"):
+        if not 1 <= self.receive_queue <= 64:
+            raise ValueError("server.receive_queue must be within 1..64 frames")
+        for name in ("audio_rate_x", "audio_burst_s", "text_rate", "text_burst", "read_stall_s"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"server.{name} must be a finite number > 0, got {value!r}")

@@ -38,6 +38,11 @@ EDGE_REFUSALS = Counter("voxpipe_edge_refusals_total",
 THROTTLED_SECONDS = Counter("voxpipe_client_throttled_seconds_total",
                             "time the server stopped reading clients that sent faster than their budget, by kind",
                             ["kind"], registry=REGISTRY)
+AUDIO_DROPPED = Counter("voxpipe_client_audio_dropped_seconds_total",
+                        "audio dropped from frames that held more than their client's budget allowed (s)",
+                        registry=REGISTRY)
+TEXT_DROPPED = Counter("voxpipe_client_text_dropped_frames_total",
+                       "text frames dropped: their client was too far over its budget", registry=REGISTRY)
 SESSIONS_CLOSED = Counter("voxpipe_sessions_closed_total",
                           "sessions ended, by reason (client, session_end, idle, slow_client, internal, not_ready)",
                           ["reason"], registry=REGISTRY)

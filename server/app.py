@@ -84,7 +84,7 @@ class VoxpipeServer:
             s.port if port is None else port,
             process_request=self.process_request,
             max_size=s.max_message_bytes,
-            max_queue=16,
+            max_queue=s.receive_queue,
             write_limit=256 * 1024,
             ping_interval=20,
             ping_timeout=20,
@@ -168,7 +168,9 @@ class VoxpipeServer:
                 if isinstance(message, bytes):
                     await self._audio(session, budget, message)
                     continue
-                await self._pace(session, budget.text_frame(len(message)), "text")
+                pace = budget.text_frame(len(message), self.cfg.server.read_stall_s)
+                if not await self._pace(session, pace, "text", 1):
+                    continue
                 if await self._dispatch(session, message) is SessionEnd:
                     reason = "session_end"
                     break
@@ -215,28 +217,39 @@ class VoxpipeServer:
 
     async def _audio(self, session: Session, budget: ClientBudget, data: bytes) -> None:
         """An audio frame, handled one second of audio at a time, each after its budget
-        allows (a 4 MiB frame of 8 kHz PCM16 holds 4 minutes: it is paced, not swallowed)."""
+        allows; what would stall the reader past ``read_stall_s`` is dropped (a 4 MiB frame
+        of 8 kHz PCM16 holds 4 minutes)."""
         per_s = session.audio_bytes_per_s()
         if per_s is None:  # no session.start yet: the session reports it
             await session.on_audio(data)
             return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.cfg.server.read_stall_s
         for i in range(0, max(len(data), 1), per_s):
-            piece = data[i:i + per_s]
-            await self._pace(session, budget.audio_seconds(len(piece) / per_s), "audio")
-            await session.on_audio(piece)
+            rest_s = (len(data) - i) / per_s
+            pace = budget.audio_seconds(min(1.0, rest_s), max(0.0, deadline - loop.time()))
+            if not await self._pace(session, pace, "audio", rest_s):
+                return
+            await session.on_audio(data[i:i + per_s])
 
-    async def _pace(self, session: Session, pace: Pace, kind: str) -> None:
-        """Wait as the client's budget says before handling its frame (see server.budget)."""
-        if pace.wait_s <= 0.0:
-            return
+    async def _pace(self, session: Session, pace: Pace, kind: str, dropped: float) -> bool:
+        """Wait as the client's budget says before handling its frame or piece (see
+        server.budget); False: it is dropped (``dropped``: audio seconds or text frames
+        lost with it)."""
+        if pace.wait_s <= 0.0 and not pace.dropped:
+            return True
         metrics.THROTTLED_SECONDS.labels(kind).inc(pace.wait_s)
+        if pace.dropped:
+            (metrics.AUDIO_DROPPED if kind == "audio" else metrics.TEXT_DROPPED).inc(dropped)
         if pace.warn:
             s = self.cfg.server
             limit = (f"audio faster than {s.audio_rate_x:g}x real time (after a {s.audio_burst_s:g} s burst)"
                      if kind == "audio" else f"more than {s.text_rate:g} text frames/s (after {s.text_burst:g})")
-            await session.error("rate_limited", f"{limit}: the server reads it at that rate from now on; "
-                                "nothing is dropped")
+            what = (f"{dropped:.1f} s of audio dropped from a frame that held more" if kind == "audio"
+                    else "a text frame dropped") if pace.dropped else "it is read at that rate from now on"
+            await session.error("rate_limited", f"{limit}: {what}")
         await asyncio.sleep(pace.wait_s)
+        return not pace.dropped
 
     async def _dispatch(self, session: Session, text: str):
         try:

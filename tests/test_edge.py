@@ -181,6 +181,14 @@ def test_a_token_bucket_lets_a_burst_through_then_paces_at_its_rate():
     assert [p.wait_s > 0 for p in paces] == [False, False, True, True]
     assert [p.warn for p in paces] == [False, False, True, False]  # told once, not per frame
     assert budget.text_frame(4 * 1024 * 1024).wait_s == pytest.approx((2 + 257) / 10)  # a big frame costs more
+    now[0] = 200.0
+    bucket = TokenBucket(rate=2.0, burst=1.0, clock=lambda: now[0])
+    assert bucket.take(3.0, max_wait_s=0.5) is None and bucket.level == 1.0  # would wait 1 s: nothing taken
+    assert bucket.take(2.0, max_wait_s=0.5) == pytest.approx(0.5)
+    budget = ClientBudget(ServerConfig(audio_rate_x=1, audio_burst_s=1), clock=lambda: now[0])
+    paces = [budget.audio_seconds(1.0, 0.5), budget.audio_seconds(1.0, 0.5), budget.audio_seconds(0.4, 0.5),
+             budget.audio_seconds(1.0, 0.5)]
+    assert [(p.dropped, p.warn) for p in paces] == [(False, False), (True, True), (False, True), (True, False)]
 
 
 async def test_audio_faster_than_its_budget_is_slowed_never_dropped_and_never_slows_another_session():
@@ -209,6 +217,26 @@ async def test_audio_faster_than_its_budget_is_slowed_never_dropped_and_never_sl
         assert [e["code"] for e in seen if e["type"] == "error"] == ["rate_limited", "bad_json"]
     waited = metrics.THROTTLED_SECONDS.labels("audio")._value.get() - throttled
     assert waited >= 3.0  # 20 s at 4x after a 1 s burst: (20 - 1) / 4 = 4.75 s, less the time spent reading
+
+
+async def test_a_frame_holding_minutes_of_audio_is_read_up_to_the_stall_limit_and_the_rest_dropped():
+    """8 kHz PCM16 in one 480 KB frame is 30 s of audio; at 2x real time after a 1 s burst,
+    with one frame allowed to stall the reader 1 s, about 3 s are read and 27 s dropped —
+    said in ``rate_limited`` (once for the wait, once for the drop) and counted; the
+    session goes on."""
+    cfg = config(audio_rate_x=2.0, audio_burst_s=1.0, read_stall_s=1.0)
+    dropped = metrics.AUDIO_DROPPED._value.get()
+    async with fake_server(cfg) as srv, connect(srv.ws) as ws:
+        await ws.send(json.dumps({"type": "session.start", "sample_rate": 8000}))
+        await until(ws, lambda e: e["type"] == "session.started")
+        await ws.send(bytes(30 * 8000 * 2))
+        seen = await until(ws, lambda e: e["type"] == "error" and "dropped" in e["message"])
+        errors = [e for e in seen if e["type"] == "error"]
+        assert [e["code"] for e in errors] == ["rate_limited"] * 2, errors  # slowed, then dropped: told each once
+        assert "read at that rate" in errors[0]["message"] and "s of audio dropped" in errors[1]["message"]
+        await ws.send(json.dumps({"type": "text.input", "text": "still there?"}))
+        await until(ws, lambda e: e["type"] == "response.done")
+    assert 25.0 <= metrics.AUDIO_DROPPED._value.get() - dropped <= 28.0
 
 
 async def test_text_frames_beyond_their_budget_are_slowed_and_all_answered():
