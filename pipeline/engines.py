@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal, overload
 
 import numpy as np
 
@@ -143,6 +144,30 @@ class Engines:
             self.fallback_llm.stop()
 
 
+@overload
+def load_stage(cfg: VoxpipeConfig, stage: Literal["asr"]) -> AsrEngine: ...
+@overload
+def load_stage(cfg: VoxpipeConfig, stage: Literal["llm"]) -> LlmEngine: ...
+@overload
+def load_stage(cfg: VoxpipeConfig, stage: Literal["tts"]) -> TtsEngine: ...
+def load_stage(cfg: VoxpipeConfig, stage: Literal["asr", "llm", "tts"]) -> AsrEngine | LlmEngine | TtsEngine:
+    """Load one model stage's engine (not started): what :func:`load_engines` does for each,
+    and what a Ray Serve replica runs (:mod:`pipeline.remote.replicas`). Slow: call off the
+    event loop.
+
+    Raises:
+        ModelNotInstalled, ValueError, FileNotFoundError: see the loaders.
+    """
+    if stage == "asr":
+        return AsrEngine(load_whisper(cfg.asr), cfg.asr)
+    if stage == "llm":
+        return LlmEngine(load_llm(cfg.llm.model, device=cfg.llm.device, threads=cfg.llm.threads), cfg.llm,
+                         cfg.llm_batch)
+    if stage == "tts":
+        return TtsEngine(load_voice(cfg.tts), cfg.tts)
+    raise ValueError(f"unknown stage {stage!r}: asr, llm or tts")
+
+
 def load_engines(cfg: VoxpipeConfig) -> Engines:
     """Load VAD, Whisper, the LLM and the Piper voice (slow: call once at startup).
 
@@ -154,11 +179,11 @@ def load_engines(cfg: VoxpipeConfig) -> Engines:
     cfg.validate()
     t0 = time.perf_counter()
     vad = SileroVad(model_files.silero_vad_path())
-    asr = AsrEngine(load_whisper(cfg.asr), cfg.asr)
+    asr = load_stage(cfg, "asr")
     logger.info("ASR loaded (%s)", cfg.asr.model)
-    llm = LlmEngine(load_llm(cfg.llm.model, device=cfg.llm.device, threads=cfg.llm.threads), cfg.llm, cfg.llm_batch)
+    llm = load_stage(cfg, "llm")
     logger.info("LLM loaded (%s)", cfg.llm.model)
-    tts = TtsEngine(load_voice(cfg.tts), cfg.tts)
+    tts = load_stage(cfg, "tts")
     fallback = None
     name = fallback_model(cfg)
     if name is not None:

@@ -34,7 +34,7 @@ def room(module: str) -> str | None:
         return "infra"
     if sub in STAGES:
         return sub
-    if sub in ("engines", "stages"):
+    if sub in ("engines", "stages", "remote"):  # remote: the stages as Ray Serve deployments, beside engines
         return "engines"
     if sub == "session":
         return "session"
