@@ -369,6 +369,8 @@ class ServerConfig:
             ``receive_queue`` frames × this lie ahead of one, well under the 20 s timeout.
         receive_queue: frames websockets buffers per client before it stops reading the
             socket (4: with 4 MiB frames, 16 MiB per client at most).
+        keepalive_s: ping interval and pong timeout (20 s); a connection with neither a pong
+            nor a frame within the timeout is closed with 1011 (server/keepalive.py).
     """
 
     host: str = "127.0.0.1"
@@ -387,6 +389,7 @@ class ServerConfig:
     text_burst: float = 100.0
     read_stall_s: float = 3.0
     receive_queue: int = 4
+    keepalive_s: float = 20.0
 
     def validate(self) -> None:
         """Raises:
@@ -397,7 +400,7 @@ class ServerConfig:
             raise ValueError("server.max_message_bytes must be >= 4096")
         if not 1 <= self.receive_queue <= 64:
             raise ValueError("server.receive_queue must be within 1..64 frames")
-        for name in ("audio_rate_x", "audio_burst_s", "text_rate", "text_burst", "read_stall_s"):
+        for name in ("audio_rate_x", "audio_burst_s", "text_rate", "text_burst", "read_stall_s", "keepalive_s"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"server.{name} must be a finite number > 0, got {value!r}")

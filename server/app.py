@@ -26,6 +26,7 @@ from pipeline.session.session import Session
 
 from .budget import ClientBudget, Pace
 from .edge import EdgeGuard
+from .keepalive import keepalive
 from .outbox import SlowClient, WsOutbox
 from .protocol import ProtocolError, parse_client_event
 
@@ -74,10 +75,7 @@ class VoxpipeServer:
     async def serve(self, host: str | None = None, port: int | None = None):
         """Start listening; returns the websockets ``Server`` (use as async context)."""
         s = self.cfg.server
-        if self._lag_task is None:
-            self._lag_task = asyncio.create_task(self.loop_lag.run(), name="voxpipe-loop-lag")
-        if self._governor_task is None:
-            self._governor_task = asyncio.create_task(self.governor.run(), name="voxpipe-governor")
+        self.start_tasks()
         return await serve(
             self.handle,
             host or s.host,
@@ -86,12 +84,20 @@ class VoxpipeServer:
             max_size=s.max_message_bytes,
             max_queue=s.receive_queue,
             write_limit=256 * 1024,
-            ping_interval=20,
-            ping_timeout=20,
+            ping_interval=None,  # our own keepalive (server/keepalive.py): a throttled client survives it
+            ping_timeout=None,
             # no permessage-deflate: PCM barely compresses, and deflating every audio frame
             # of every session costs the event loop (and the client) CPU for nothing
             compression=None,
         )
+
+    def start_tasks(self) -> None:
+        """Start the background tasks (loop-lag probe, governor) on the running loop
+        (idempotent); :meth:`serve` does, and so does a Serve ingress (server/ingress.py)."""
+        if self._lag_task is None:
+            self._lag_task = asyncio.create_task(self.loop_lag.run(), name="voxpipe-loop-lag")
+        if self._governor_task is None:
+            self._governor_task = asyncio.create_task(self.governor.run(), name="voxpipe-governor")
 
     async def stop_tasks(self) -> None:
         """Stop the background tasks :meth:`serve` started (loop-lag probe, governor)."""
@@ -157,14 +163,19 @@ class VoxpipeServer:
         self.sessions += 1  # no await since the check above: a burst never admits cap + 1
         metrics.SESSIONS.inc()
         logger.info("session %s opened from %s", sid, ws.remote_address)
+        alive: asyncio.Task | None = None
         try:
             if not self.ready:
                 reason = "not_ready"
                 await session.error("not_ready", "server is warming up; try again shortly", fatal=True)
                 return
             budget = ClientBudget(s)
+            loop = asyncio.get_running_loop()
+            last_frame = loop.time()
+            alive = asyncio.create_task(keepalive(ws, lambda: last_frame, s.keepalive_s, s.keepalive_s))
             while True:
                 message = await self._next_frame(ws)
+                last_frame = loop.time()
                 if isinstance(message, bytes):
                     await self._audio(session, budget, message)
                     continue
@@ -191,6 +202,8 @@ class VoxpipeServer:
             except Exception:  # noqa: BLE001
                 pass
         finally:
+            if alive is not None:
+                alive.cancel()
             await session.close()
             out.close()
             try:

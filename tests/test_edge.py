@@ -248,6 +248,53 @@ async def test_text_frames_beyond_their_budget_are_slowed_and_all_answered():
         assert codes.count("unknown_type") == 40 and codes.count("rate_limited") == 1
 
 
+# ---- keepalive ------------------------------------------------------------------------------
+
+
+async def test_a_throttled_client_whose_pong_waits_behind_its_frames_is_not_closed_by_the_keepalive():
+    """12 s of audio at 4x real time takes the server ~3 s to read; the client's pongs to the
+    server's 0.5 s keepalive pings wait behind it in TCP. The frames count as signs of life:
+    the connection stays open and the frame after the audio is answered."""
+    cfg = config(audio_rate_x=4.0, audio_burst_s=0.5, keepalive_s=0.5)
+    async with fake_server(cfg) as srv, connect(srv.ws, ping_interval=None) as ws:
+        await ws.send(json.dumps({"type": "session.start", "sample_rate": 16000}))
+        await until(ws, lambda e: e["type"] == "session.started")
+        frame = bytes(3200)  # 0.1 s
+        for _ in range(120):
+            await ws.send(frame)
+        await ws.send("after the audio")
+        seen = await until(ws, lambda e: e["type"] == "error" and e["code"] == "bad_json")
+        assert [e["code"] for e in seen if e["type"] == "error"] == ["rate_limited", "bad_json"]
+
+
+async def test_a_peer_that_answers_nothing_is_closed_by_the_keepalive():
+    """A raw TCP client completes the WebSocket handshake, then neither answers pings nor
+    sends: the server closes it (1011) after the pong timeout."""
+    import base64
+    import os
+
+    async with fake_server(config(keepalive_s=0.5)) as srv:
+        reader, writer = await asyncio.open_connection("127.0.0.1", srv.port)
+        key = base64.b64encode(os.urandom(16)).decode()
+        writer.write((f"GET /ws HTTP/1.1\r\nHost: 127.0.0.1:{srv.port}\r\nUpgrade: websocket\r\n"
+                      f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n")
+                     .encode())
+        await writer.drain()
+        assert (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), DEADLINE_S)).startswith(b"HTTP/1.1 101")
+        data = b""
+        async with asyncio.timeout(DEADLINE_S):
+            while chunk := await reader.read(65536):  # pings, then a close frame, then EOF
+                data += chunk
+        writer.close()
+        close = data[data.rindex(b"\x88"):]  # the close frame: opcode 8, code 1011
+        assert int.from_bytes(close[2:4], "big") == 1011 and b"keepalive" in close, data
+        for _ in range(int(DEADLINE_S / 0.05)):
+            if srv.app.sessions == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert srv.app.sessions == 0
+
+
 # ---- idle sessions, close codes, compression ---------------------------------------------
 
 

@@ -1,0 +1,52 @@
+"""Keepalive that a throttled client survives.
+
+websockets' own keepalive closes a connection whose pong is 20 s late. A client that the
+server throttles (server/budget.py: its reader stops reading) has its pong queued in TCP
+behind its own unread frames — megabytes in the socket buffers, minutes of audio at the
+budget's pace — so it would be closed with 1011 although it is alive and sending. Here a
+frame read from the client within the timeout counts as much as a pong: a connection is
+closed only when neither came (a half-open connection, a dead peer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from websockets.exceptions import ConnectionClosed
+
+logger = logging.getLogger(__name__)
+
+CLOSE_KEEPALIVE = 1011
+"""Close code when the peer answered nothing (as websockets' own keepalive uses)."""
+
+
+async def keepalive(ws, last_frame: Callable[[], float], interval_s: float, timeout_s: float) -> None:
+    """Ping ``ws`` every ``interval_s``; close it with 1011 when ``timeout_s`` pass with no
+    pong and no frame read (``last_frame()``: loop time of the latest, from the reader).
+    Runs until the connection closes or the task is cancelled.
+
+    Args:
+        ws: a websockets connection (``ping()``, ``close()``).
+        last_frame: when the session's reader last got a frame (``loop.time()`` seconds).
+        interval_s, timeout_s: seconds (> 0).
+    """
+    loop = asyncio.get_running_loop()
+    try:
+        while True:
+            await asyncio.sleep(interval_s)
+            pong = await ws.ping()
+            sent = loop.time()
+            try:
+                await asyncio.wait_for(asyncio.shield(pong), timeout_s)
+                continue
+            except TimeoutError:
+                pass
+            if last_frame() >= sent:  # frames still come: alive, its pong is behind them
+                continue
+            logger.info("keepalive: no pong and no frame for %.0f s: closing", timeout_s)
+            await ws.close(CLOSE_KEEPALIVE, "keepalive ping timeout")
+            return
+    except ConnectionClosed:
+        return
