@@ -370,7 +370,7 @@ class ServerConfig:
         receive_queue: frames websockets buffers per client before it stops reading the
             socket (4: with 4 MiB frames, 16 MiB per client at most).
         keepalive_s: ping interval and pong timeout (20 s); a connection with neither a pong
-            nor a frame within the timeout is closed with 1011 (server/keepalive.py).
+            nor a frame within twice the timeout is closed with 1011 (server/keepalive.py).
     """
 
     host: str = "127.0.0.1"

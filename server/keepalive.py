@@ -23,9 +23,9 @@ CLOSE_KEEPALIVE = 1011
 
 
 async def keepalive(ws, last_frame: Callable[[], float], interval_s: float, timeout_s: float) -> None:
-    """Ping ``ws`` every ``interval_s``; close it with 1011 when ``timeout_s`` pass with no
-    pong and no frame read (``last_frame()``: loop time of the latest, from the reader).
-    Runs until the connection closes or the task is cancelled.
+    """Ping ``ws`` every ``interval_s``; close it with 1011 when twice ``timeout_s`` pass
+    with no pong and no frame read (``last_frame()``: loop time of the latest, from the
+    reader). Runs until the connection closes or the task is cancelled.
 
     Args:
         ws: a websockets connection (``ping()``, ``close()``).
@@ -38,15 +38,20 @@ async def keepalive(ws, last_frame: Callable[[], float], interval_s: float, time
             await asyncio.sleep(interval_s)
             pong = await ws.ping()
             sent = loop.time()
-            try:
-                await asyncio.wait_for(asyncio.shield(pong), timeout_s)
-                continue
-            except TimeoutError:
-                pass
-            if last_frame() >= sent:  # frames still come: alive, its pong is behind them
-                continue
-            logger.info("keepalive: no pong and no frame for %.0f s: closing", timeout_s)
+            if await _answered(pong, last_frame, sent, timeout_s) or await _answered(pong, last_frame, sent, timeout_s):
+                continue  # a second chance: one late timer on a busy event loop must not close a live client
+            logger.info("keepalive: no pong and no frame for %.0f s: closing", 2 * timeout_s)
             await ws.close(CLOSE_KEEPALIVE, "keepalive ping timeout")
             return
     except ConnectionClosed:
         return
+
+
+async def _answered(pong: asyncio.Future, last_frame: Callable[[], float], sent: float, timeout_s: float) -> bool:
+    """Within ``timeout_s``: the pong came, or (checked at the end) a frame was read after
+    the ping was ``sent``: the client is alive, its pong queued behind its own frames."""
+    try:
+        await asyncio.wait_for(asyncio.shield(pong), timeout_s)
+        return True
+    except TimeoutError:
+        return last_frame() >= sent

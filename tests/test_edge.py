@@ -252,15 +252,15 @@ async def test_text_frames_beyond_their_budget_are_slowed_and_all_answered():
 
 
 async def test_a_throttled_client_whose_pong_waits_behind_its_frames_is_not_closed_by_the_keepalive():
-    """12 s of audio at 4x real time takes the server ~3 s to read; the client's pongs to the
-    server's 0.5 s keepalive pings wait behind it in TCP. The frames count as signs of life:
+    """24 s of audio at 4x real time takes the server ~6 s to read; the client's pongs to the
+    server's 1 s keepalive pings wait behind it in TCP. The frames count as signs of life:
     the connection stays open and the frame after the audio is answered."""
-    cfg = config(audio_rate_x=4.0, audio_burst_s=0.5, keepalive_s=0.5)
+    cfg = config(audio_rate_x=4.0, audio_burst_s=0.5, keepalive_s=1.0)
     async with fake_server(cfg) as srv, connect(srv.ws, ping_interval=None) as ws:
         await ws.send(json.dumps({"type": "session.start", "sample_rate": 16000}))
         await until(ws, lambda e: e["type"] == "session.started")
         frame = bytes(3200)  # 0.1 s
-        for _ in range(120):
+        for _ in range(240):
             await ws.send(frame)
         await ws.send("after the audio")
         seen = await until(ws, lambda e: e["type"] == "error" and e["code"] == "bad_json")
