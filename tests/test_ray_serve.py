@@ -8,6 +8,9 @@
    in-process server's for the same transcript, and a typed turn's reply equals its too.
 3. The LLM replica's actor killed mid-reply: that turn gets a typed ``error``, the session
    stays connected, Serve restarts the replica, and the next turn is answered.
+4. The front end as Serve's ingress (server/ingress.py, behind Serve's HTTP proxy) over the
+   same stages: a typed turn answered over a real WebSocket, the edge checks, and a live
+   WebSocket holding one of the ingress's ``max_ongoing_requests`` for its whole life.
 
 Ray is kept small: 2 logical CPUs, no dashboard, worker logs not forwarded.
 """
@@ -18,6 +21,9 @@ import asyncio
 import os
 import sys
 import time
+import urllib.error
+import urllib.request
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -28,16 +34,20 @@ else:
     ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install -e '.[ray]')")
 
 from ray import serve
+from websockets.asyncio.client import connect
+from websockets.exceptions import InvalidStatus
 
 from audio.pcm import resample
 from audio.wav import read_mono
 from clients.client import ask
+from pipeline.config import VoxpipeConfig
 from pipeline.llm.types import GenRequest, GenStats
 from pipeline.remote.clients import RemoteLlm, RemoteTts
 from pipeline.remote.types import StageUnavailable
 from pipeline.tts.types import Speech
 from pipeline.worker import Busy
-from tests.conftest import running_server
+from server.ingress import build_ingress_app
+from tests.conftest import free_port, running_server
 from tests.wsclient import Client, wer
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -47,6 +57,7 @@ SERVE_ARGS = ("--device", "cpu-fp32", "--slo-ms", "60000")  # fp32 greedy: the s
 TYPED = "Captain Frere says that the scenery is delightful."
 LONG_ASK = "Tell me a long story about a brave knight, a dragon and a lost city."
 RESTART_LIMIT_S = 30.0
+HTTP_PORT = free_port()  # Serve's HTTP proxy (the ingress test); the other tests use handles
 
 
 class ScriptedTts:
@@ -88,7 +99,7 @@ def ray_cluster():
     """A local Ray instance for this module; yields its GCS address (what ``--ray`` takes)."""
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # scripted deployments: by value
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    serve.start(proxy_location="Disabled")
+    serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": HTTP_PORT})
     try:
         yield ray.get_runtime_context().gcs_address
     finally:
@@ -236,3 +247,53 @@ async def test_killed_llm_replica_costs_only_that_turn(ray_server, audio_dir):
         assert done["type"] == "response.done" and done["text"].strip(), c.conv.events[-5:]
         assert not c.ws.close_code
     assert restart_s < RESTART_LIMIT_S
+
+
+def http_get(path: str, timeout_s: float = 10.0) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{HTTP_PORT}{path}", timeout=timeout_s) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+async def test_ingress_frontend_serves_sessions_one_ongoing_request_each(ray_server):
+    cfg = VoxpipeConfig()
+    cfg.admission = replace(cfg.admission, slo_ms=60000.0)  # as SERVE_ARGS: 2 busy cores
+    cfg.llm = replace(cfg.llm, model="smollm2", device="cpu-fp32")
+    t0 = time.monotonic()
+    serve.run(build_ingress_app(cfg, {"frontend": {"max_ongoing_requests": 2}}, stages_app="voxpipe"),
+              name="voxpipe-ingress", route_prefix="/")
+    print(f"\ningress frontend ready in {time.monotonic() - t0:.1f} s (stats + warm-up through the stages)")
+    url = f"ws://127.0.0.1:{HTTP_PORT}/ws"
+    try:
+        assert await asyncio.to_thread(http_get, "/healthz") == (200, "ready\n")
+        status, page = await asyncio.to_thread(http_get, "/")
+        assert status == 200 and "<html" in page.lower()
+        status, text = await asyncio.to_thread(http_get, "/metrics")
+        assert status == 200 and "voxpipe_" in text
+        with pytest.raises(InvalidStatus) as refused:  # the edge's Origin check, before the upgrade
+            await connect(url, origin="http://evil.example")
+        assert refused.value.response.status_code == 403  # the edge's own response, passed by the proxy
+        assert b"Origin" in bytes(refused.value.response.body or b"")
+        async with Client(url) as a:  # a typed turn through the ingress: reply text and audio
+            await a.start(sample_rate=16000, format="pcm16", channels=1, output_sample_rate=16000)
+            await a.send_json({"type": "text.input", "text": TYPED})
+            done = await a.wait_for("response.done")
+            assert done["text"].strip(), done
+            audio = [frame for frames in a.conv.audio.values() for frame in frames]
+            assert audio and sum(map(len, audio)) >= 16000, "under 0.5 s of reply audio (16 kHz PCM16)"
+            # max_ongoing_requests=2: two live WebSockets hold both; a third waits in the proxy
+            async with Client(url) as b:
+                await b.start(sample_rate=16000, format="pcm16", channels=1)
+                third = asyncio.ensure_future(connect(url, open_timeout=120))  # an awaitable, not a coroutine
+                await asyncio.sleep(3.0)
+                assert not third.done(), "a third WebSocket was served beside two live ones"
+                with pytest.raises(OSError):  # plain HTTP waits for a slot too (a timeout)
+                    await asyncio.to_thread(http_get, "/healthz", 2.0)
+            t_closed = time.monotonic()  # one closed: the queued handshake goes through
+            ws3 = await asyncio.wait_for(third, 60)
+            print(f"third WebSocket opened {time.monotonic() - t_closed:.2f} s after the second closed")
+            await ws3.close()
+    finally:
+        serve.delete("voxpipe-ingress")

@@ -10,9 +10,11 @@ import pytest
 
 from pipeline.config import LlmConfig, SchedulerConfig, VoxpipeConfig
 from pipeline.remote.settings import (
+    FRONTEND_SECTIONS,
     capacity,
     config_from_user,
     deployment_options,
+    frontend_user_config,
     read_serve_config,
     stage_user_config,
 )
@@ -82,6 +84,39 @@ def test_the_repo_configs_pass_serves_schema_and_build():
     for path in CONFIGS:
         ServeDeploySchema.model_validate(yaml.safe_load(path.read_text()))
         build_app(VoxpipeConfig(), read_serve_config(str(path), "voxpipe"))  # Serve validates every option
+
+
+def test_the_ingress_config_sizes_the_frontend_to_sessions():
+    pytest.importorskip("ray.serve", reason="the ray extra is not installed")
+    import yaml
+
+    from pipeline.config import is_loopback
+    from server.ingress import DEFAULT_MAX_ONGOING, build_ingress_app
+
+    doc = yaml.safe_load((ROOT / "deploy" / "ray-serve-ingress.yaml").read_text())
+    (app,) = doc["applications"]
+    assert app["import_path"] == "server.ingress:app" and app["route_prefix"] == "/"
+    (front,) = [d for d in app["deployments"] if d["name"] == "frontend"]
+    cfg = config_from_user(front["user_config"], FRONTEND_SECTIONS)
+    assert cfg.server.max_sessions == 0 and front["max_ongoing_requests"] == DEFAULT_MAX_ONGOING == 64 + 16
+    assert cfg.server.host == doc["http_options"]["host"] and is_loopback(cfg.server.host)
+    overrides = {**read_serve_config(str(ROOT / "deploy" / "ray-serve-ingress.yaml"), "voxpipe"),
+                 "frontend": {k: v for k, v in front.items() if k != "name"}}
+    build_ingress_app(VoxpipeConfig(), overrides)  # Serve validates every option
+    capped = VoxpipeConfig()
+    capped.server.max_sessions = 10
+    built = build_ingress_app(capped)  # max_ongoing_requests follows the session cap
+    assert built._bound_deployment._deployment_config.max_ongoing_requests == 10 + 16
+
+
+def test_frontend_user_config_round_trips_every_section():
+    cfg = VoxpipeConfig()
+    cfg.server.allow_origins = ("https://app.example",)
+    cfg.turn.end_silence_ms = 700
+    back = config_from_user(frontend_user_config(cfg), FRONTEND_SECTIONS)
+    assert back.server == cfg.server and back.turn == cfg.turn and back.llm == cfg.llm
+    with pytest.raises(ValueError, match="unknown section"):
+        config_from_user({"server": {}})  # a stage's user_config has no server section
 
 
 def test_stage_load_sums_replicas_and_scales_to_the_unheard():

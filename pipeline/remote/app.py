@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from ray.serve import Application
+from ray.serve import Application, Deployment
 
 from pipeline.config import VoxpipeConfig
 from pipeline.remote.replicas import ASR, DIRECTORY, LLM, TTS
 from pipeline.remote.settings import deployment_options
+from pipeline.remote.types import RemoteStageName
 
 
 def build_app(cfg: VoxpipeConfig | None = None, overrides: dict[str, dict[str, Any]] | None = None) -> Application:
@@ -24,12 +25,14 @@ def build_app(cfg: VoxpipeConfig | None = None, overrides: dict[str, dict[str, A
     Raises:
         ValueError: see :func:`~pipeline.remote.settings.deployment_options`.
     """
-    cfg = cfg or VoxpipeConfig()
-    overrides = overrides or {}
-    asr = ASR.options(**deployment_options("asr", cfg, overrides.get("asr"))).bind()
-    llm = LLM.options(**deployment_options("llm", cfg, overrides.get("llm"))).bind()
-    tts = TTS.options(**deployment_options("tts", cfg, overrides.get("tts"))).bind()
-    return DIRECTORY.bind(asr, llm, tts)
+    return DIRECTORY.bind(*bind_stages(cfg or VoxpipeConfig(), overrides or {}))
+
+
+def bind_stages(cfg: VoxpipeConfig, overrides: dict[str, dict[str, Any]]) -> tuple[Application, ...]:
+    """The bound ``asr``, ``llm`` and ``tts`` deployments of :func:`build_app` (for an
+    ingress to bind: :mod:`server.ingress`)."""
+    stages: tuple[tuple[RemoteStageName, Deployment], ...] = (("asr", ASR), ("llm", LLM), ("tts", TTS))
+    return tuple(dep.options(**deployment_options(name, cfg, overrides.get(name))).bind() for name, dep in stages)
 
 
 app = build_app()

@@ -10,6 +10,7 @@ from typing import Any
 
 import ray
 from ray import serve
+from ray.serve.handle import DeploymentHandle
 
 from audio.vad import SileroVad
 from pipeline import model_files
@@ -68,16 +69,25 @@ def remote_engines(cfg: VoxpipeConfig, *, app_name: str = APP_NAME,
         ray.serve.exceptions.RayServeException: no such application or deployment;
         TimeoutError and Ray's errors: a stage's replicas do not answer.
     """
+    handles = [serve.get_deployment_handle(stage, app_name=app_name) for stage in ("asr", "llm", "tts")]
+    return engines_from_handles(cfg, *handles, llm_options=llm_options)
+
+
+def engines_from_handles(cfg: VoxpipeConfig, asr_handle: DeploymentHandle, llm_handle: DeploymentHandle,
+                         tts_handle: DeploymentHandle, *, llm_options: dict[str, Any] | None = None,
+                         timeout_s: float = 60.0) -> Engines:
+    """:func:`remote_engines` over the stage deployments' handles (e.g. an ingress's bound
+    ones); waits up to ``timeout_s`` for each stage's first stats (blocking)."""
     opts = llm_options or {}
     queued = opts.get("max_queued_requests")
     vad = SileroVad(model_files.silero_vad_path())
-    asr = RemoteAsr(serve.get_deployment_handle("asr", app_name=app_name))
-    llm = RemoteLlm(serve.get_deployment_handle("llm", app_name=app_name), queue_size=cfg.llm.queue_size,
-                    max_ongoing=opts.get("max_ongoing_requests"), max_queued=None if queued is None else int(queued))
-    tts = RemoteTts(serve.get_deployment_handle("tts", app_name=app_name))
+    asr = RemoteAsr(asr_handle)
+    llm = RemoteLlm(llm_handle, queue_size=cfg.llm.queue_size, max_ongoing=opts.get("max_ongoing_requests"),
+                    max_queued=None if queued is None else int(queued))
+    tts = RemoteTts(tts_handle)
     stages: tuple[RemoteStage, ...] = (asr, llm, tts)
     for stage in stages:
-        stage.poller.refresh(timeout_s=60.0)
+        stage.poller.refresh(timeout_s=timeout_s)
     engines = Engines(vad=vad, asr=asr, llm=llm, tts=tts)
     engines.start()
     return engines

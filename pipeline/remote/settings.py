@@ -14,12 +14,25 @@ import copy
 import dataclasses
 from typing import Any
 
-from pipeline.config import AsrConfig, DegradeConfig, LlmConfig, SchedulerConfig, TtsConfig, VoxpipeConfig
-from pipeline.remote.types import RemoteStageName
+from pipeline.config import (
+    AdmissionConfig,
+    AsrConfig,
+    DegradeConfig,
+    LlmConfig,
+    SchedulerConfig,
+    ServerConfig,
+    TtsConfig,
+    TurnConfig,
+    VoxpipeConfig,
+)
+from pipeline.remote.types import FRONTEND_NAME, INGRESS_NAME, RemoteStageName
 
 SECTIONS: dict[str, type] = {"asr": AsrConfig, "llm": LlmConfig, "llm_batch": SchedulerConfig, "tts": TtsConfig,
                              "degrade": DegradeConfig}
 """The ``user_config`` sections a replica understands, and the config class of each."""
+FRONTEND_SECTIONS: dict[str, type] = {**SECTIONS, "turn": TurnConfig, "admission": AdmissionConfig,
+                                      "server": ServerConfig}
+"""The sections the Serve ingress's ``user_config`` may carry (:mod:`server.ingress`)."""
 STAGE_SECTIONS: dict[RemoteStageName, tuple[str, ...]] = {
     "asr": ("asr", "degrade"), "llm": ("llm", "llm_batch", "degrade"), "tts": ("tts", "degrade")}
 """Which sections each stage's ``user_config`` carries."""
@@ -55,9 +68,17 @@ def stage_user_config(cfg: VoxpipeConfig, stage: RemoteStageName) -> dict[str, A
     return out
 
 
-def config_from_user(user_config: dict[str, Any] | None) -> VoxpipeConfig:
+def frontend_user_config(cfg: VoxpipeConfig) -> dict[str, Any]:
+    """The Serve ingress's ``user_config`` from ``cfg``: every :data:`FRONTEND_SECTIONS`
+    section, JSON-ready (tuples become lists)."""
+    return {s: {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(getattr(cfg, s)).items()}
+            for s in FRONTEND_SECTIONS}
+
+
+def config_from_user(user_config: dict[str, Any] | None, sections: dict[str, type] = SECTIONS) -> VoxpipeConfig:
     """A validated :class:`VoxpipeConfig` from a stage's ``user_config`` (missing sections
-    and keys keep their defaults).
+    and keys keep their defaults; ``sections``: those allowed, :data:`FRONTEND_SECTIONS` for
+    the ingress; lists become tuples where the field's default is a tuple).
 
     Raises:
         ValueError: an unknown section or key, a value of the wrong kind, or a value the
@@ -65,16 +86,17 @@ def config_from_user(user_config: dict[str, Any] | None) -> VoxpipeConfig:
     """
     cfg = VoxpipeConfig()
     for section, values in (user_config or {}).items():
-        cls = SECTIONS.get(section)
+        cls = sections.get(section)
         if cls is None:
-            raise ValueError(f"user_config: unknown section {section!r} (known: {', '.join(SECTIONS)})")
+            raise ValueError(f"user_config: unknown section {section!r} (known: {', '.join(sections)})")
         if not isinstance(values, dict):
             raise ValueError(f"user_config.{section}: expected a mapping, got {type(values).__name__}")
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
             raise ValueError(f"user_config.{section}: unknown keys {unknown}")
-        fixed = {k: tuple(v) if isinstance(v, list) and k == "faults" else v for k, v in values.items()}
+        tuples = {f.name for f in dataclasses.fields(cls) if isinstance(getattr(cls(), f.name), tuple)}
+        fixed = {k: tuple(v) if isinstance(v, list) and k in tuples else v for k, v in values.items()}
         try:
             setattr(cfg, section, dataclasses.replace(getattr(cfg, section), **fixed))
         except TypeError as exc:
@@ -143,9 +165,9 @@ def read_serve_config(path: str, app_name: str) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for dep in app.get("deployments") or []:
         name = dep.get("name")
-        if name == "stages":
+        if name in (INGRESS_NAME, FRONTEND_NAME):
             continue
         if name not in STAGE_SECTIONS:
-            raise ValueError(f"{path}: deployment {name!r} is not a stage (asr, llm, tts, stages)")
+            raise ValueError(f"{path}: deployment {name!r} is not a stage (asr, llm, tts; stages, frontend)")
         out[name] = {k: v for k, v in dep.items() if k != "name"}
     return out

@@ -12,6 +12,8 @@ APP_NAME = "voxpipe"
 """The Serve application that holds the stage deployments."""
 INGRESS_NAME = "stages"
 """The application's ingress deployment: a directory of the stages (no model, no CPU)."""
+FRONTEND_NAME = "frontend"
+"""The WebSocket front end as Serve's ingress (server/ingress.py), in its own application."""
 
 
 class StageUnavailable(RuntimeError):
