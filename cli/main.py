@@ -326,6 +326,8 @@ async def _serve_async(cfg, ray_opts: dict | None = None) -> int:
     app.governor.faults.arm()  # calls are counted from here: the warm-up's are not
     app.ready = True
     host, port = cfg.server.host, cfg.server.port
+    if ":" in host and not host.startswith("["):  # an IPv6 address goes in brackets in a URL
+        host = f"[{host}]"
     log.info("voxpipe ready: ws://%s:%d/ws  web demo: http://%s:%d/", host, port, host, port)
     print(f"voxpipe ready on ws://{host}:{port}/ws (web demo http://{host}:{port}/)", flush=True)
     if cfg.server.token:

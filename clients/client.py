@@ -17,6 +17,10 @@ from server.protocol import parse_audio_frame
 
 FRAME_MS = 20
 """Audio is sent in frames of this many milliseconds."""
+FAST_BURST_S, FAST_RATE_X = 50.0, 2.5
+"""``ask --fast``: the first 50 s of audio as fast as possible, the rest at 2.5× real time —
+within the server's default budget (60 s, then 3×: ``ServerConfig.audio_burst_s``,
+``audio_rate_x``), whose turns beyond it are refused."""
 
 BUSY_REASONS = {
     "queue": "the reply would miss the latency target",
@@ -25,6 +29,7 @@ BUSY_REASONS = {
     "stage": "a processing stage's queue is full",
     "ladder": "a model ran out of memory: new turns are refused while it recovers",
     "breaker": "a processing stage is failing or too slow: its circuit breaker is open",
+    "rate_limited": "this client sends audio or events faster than the server allows",
 }
 """What each ``busy`` reason means, in plain words (docs/PROTOCOL.md, "Admission" and
 "Degraded service")."""
@@ -169,7 +174,8 @@ async def ask(path: str, *, url: str, fast: bool = False, output_rate: int = 240
               on_partial: Callable[[dict], None] | None = None,
               on_status: Callable[[dict], None] | None = None, token: str | None = None) -> AskResult:
     """Stream ``path`` (any soundfile-readable file, sent as PCM16 at its own rate and
-    channel count) at real-time pace (or as fast as possible), send ``input.end``, and
+    channel count) at real-time pace (``fast``: as fast as the server's default budget
+    allows, :data:`FAST_BURST_S`), send ``input.end``, and
     wait for the reply. ``on_partial`` is called with each ``{"t_ms", "text"}`` partial
     transcript as it arrives (``t_ms``: since the first audio was sent); ``on_status``
     with each ``server.status`` event (the server's service level changed: degraded or back
@@ -219,10 +225,11 @@ async def ask(path: str, *, url: str, fast: bool = False, output_rate: int = 240
             marks["t0"] = time.perf_counter()
             sent = marks["sent"] = []  # when each frame actually went out (a busy client lags)
             for i, frame in enumerate(frames):
-                if not fast:
-                    delay = marks["t0"] + i * FRAME_MS / 1000 - time.perf_counter()
-                    if delay > 0:
-                        await asyncio.sleep(delay)
+                at_s = i * FRAME_MS / 1000  # this frame's place in the audio
+                due = at_s if not fast else max(0.0, at_s - FAST_BURST_S) / FAST_RATE_X
+                delay = marks["t0"] + due - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
                 await ws.send(frame)
                 sent.append(time.perf_counter())
             marks["input_end"] = time.perf_counter()

@@ -33,7 +33,7 @@ In = TypeVar("In")
 Out = TypeVar("Out")
 
 
-BusyReason = Literal["queue", "memory", "sessions", "stage", "ladder", "breaker"]
+BusyReason = Literal["queue", "memory", "sessions", "stage", "ladder", "breaker", "rate_limited"]
 """Why work was refused: ``queue`` (the predicted time to first audio would miss the latency
 SLO), ``memory`` (the LLM's memory budget is full), ``sessions`` (the server's session
 cap), ``stage`` (a stage's bounded queue is full), ``ladder`` (a stage ran out of memory

@@ -13,6 +13,7 @@ from websockets.asyncio.server import ServerConnection, serve
 from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
+from websockets.protocol import State
 
 from pipeline import metrics
 from pipeline.config import VoxpipeConfig
@@ -24,7 +25,7 @@ from pipeline.serving.loop_lag import LoopLag
 from pipeline.session.events import InputEnd, ResponseCancel, SessionEnd, SessionStart, TextInput
 from pipeline.session.session import Session
 
-from .budget import ClientBudget, Pace
+from .budget import MIN_FRAME_S, ClientBudget, Pace
 from .edge import EdgeGuard
 from .keepalive import keepalive
 from .outbox import SlowClient, WsOutbox
@@ -39,6 +40,9 @@ CLOSE_INTERNAL_ERROR = 1011
 """WebSocket close code after a session failed on an internal error (RFC 6455 §7.4.1)."""
 CLOSE_NORMAL = 1000
 """WebSocket close code of a normal end: ``session.end``, or an idle session closed."""
+OVER_BUDGET_GRACE_S = 2.0
+"""A client's turns are refused while it is throttled and this long after (s): a turn that
+ends right after a throttled stretch was sent beyond its budget too."""
 AUTO_SESSIONS_PER_SLOT = 8
 """``--max-sessions 0`` (auto): this many open sessions per LLM batch slot (64 by default).
 Sessions mostly listen; admission gates their turns, the cap bounds what idle sessions hold
@@ -174,8 +178,10 @@ class VoxpipeServer:
             last_frame = loop.time()
             alive = asyncio.create_task(keepalive(ws, lambda: last_frame, s.keepalive_s, s.keepalive_s))
             while True:
-                message = await self._next_frame(ws)
+                message = await self._next_frame(ws, session)
                 last_frame = loop.time()
+                if getattr(ws, "state", None) is State.CLOSED:  # gone: what it queued is not worth answering
+                    break
                 if isinstance(message, bytes):
                     await self._audio(session, budget, message)
                     continue
@@ -216,31 +222,35 @@ class VoxpipeServer:
             metrics.SESSIONS_CLOSED.labels(reason).inc()
             logger.info("session %s closed (%s)", sid, reason)
 
-    async def _next_frame(self, ws: ServerConnection) -> str | bytes:
+    async def _next_frame(self, ws: ServerConnection, session: Session) -> str | bytes:
         """The client's next frame; raises :class:`IdleClient` after ``idle_timeout_s``
-        without one (``recv`` is cancellation-safe: nothing is lost)."""
+        without one while no reply is in progress (a user listening to a long answer is not
+        idle). ``recv`` is cancellation-safe: nothing is lost."""
         idle = self.cfg.server.idle_timeout_s
         if not idle:
             return await ws.recv()
-        try:
-            async with asyncio.timeout(idle):
-                return await ws.recv()
-        except TimeoutError:
-            raise IdleClient from None
+        while True:
+            try:
+                async with asyncio.timeout(idle):
+                    return await ws.recv()
+            except TimeoutError:
+                if not session.turn_state.busy:
+                    raise IdleClient from None
 
     async def _audio(self, session: Session, budget: ClientBudget, data: bytes) -> None:
         """An audio frame, handled one second of audio at a time, each after its budget
         allows; what would stall the reader past ``read_stall_s`` is dropped (a 4 MiB frame
         of 8 kHz PCM16 holds 4 minutes)."""
         per_s = session.audio_bytes_per_s()
-        if per_s is None:  # no session.start yet: the session reports it
-            await session.on_audio(data)
+        if per_s is None:  # no session.start yet: the session reports it, paced as any frame
+            if await self._pace(session, budget.text_frame(0, self.cfg.server.read_stall_s), "text", 1):
+                await session.on_audio(data)
             return
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.cfg.server.read_stall_s
         for i in range(0, max(len(data), 1), per_s):
             rest_s = (len(data) - i) / per_s
-            pace = budget.audio_seconds(min(1.0, rest_s), max(0.0, deadline - loop.time()))
+            pace = budget.audio_seconds(max(MIN_FRAME_S, min(1.0, rest_s)), max(0.0, deadline - loop.time()))
             if not await self._pace(session, pace, "audio", rest_s):
                 return
             await session.on_audio(data[i:i + per_s])
@@ -252,14 +262,20 @@ class VoxpipeServer:
         if pace.wait_s <= 0.0 and not pace.dropped:
             return True
         metrics.THROTTLED_SECONDS.labels(kind).inc(pace.wait_s)
+        session.gate.over_budget(pace.wait_s + OVER_BUDGET_GRACE_S)
         if pace.dropped:
             (metrics.AUDIO_DROPPED if kind == "audio" else metrics.TEXT_DROPPED).inc(dropped)
         if pace.warn:
             s = self.cfg.server
             limit = (f"audio faster than {s.audio_rate_x:g}x real time (after a {s.audio_burst_s:g} s burst)"
                      if kind == "audio" else f"more than {s.text_rate:g} text frames/s (after {s.text_burst:g})")
-            what = (f"{dropped:.1f} s of audio dropped from a frame that held more" if kind == "audio"
-                    else "a text frame dropped") if pace.dropped else "it is read at that rate from now on"
+            if not pace.dropped:
+                what = "it is read at that rate from now on"
+            elif kind == "audio":
+                what = f"{dropped:.1f} s of audio dropped from a frame that held more"
+            else:
+                what = (f"a text frame dropped (it would have waited over {s.read_stall_s:g} s; a large frame "
+                        "counts once per 16 KiB)")
             await session.error("rate_limited", f"{limit}: {what}")
         await asyncio.sleep(pace.wait_s)
         return not pace.dropped

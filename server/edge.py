@@ -25,6 +25,8 @@ import http
 from dataclasses import dataclass
 from urllib.parse import parse_qs, urlsplit
 
+from websockets.datastructures import MultipleValuesError
+
 from pipeline.config import ServerConfig, is_loopback
 
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
@@ -34,7 +36,8 @@ LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 @dataclass(frozen=True, slots=True)
 class Refusal:
     """Why a request is refused: HTTP ``status`` and a one-line ``message``; ``reason`` is
-    the metrics label (``host`` | ``origin`` | ``token``)."""
+    the metrics label (``host`` | ``origin`` | ``token`` | ``header``: a duplicate
+    ``Host``, ``Origin`` or ``Authorization``)."""
 
     status: http.HTTPStatus
     reason: str
@@ -76,6 +79,12 @@ class EdgeGuard:
             path: the URL path without the query. query: the raw query string.
             headers: the request headers (``websockets.datastructures.Headers`` or a dict).
         """
+        try:
+            return self._check(path, query, headers)
+        except MultipleValuesError as exc:  # two Host/Origin/Authorization headers: ambiguous, refused
+            return Refusal(http.HTTPStatus.BAD_REQUEST, "header", f"duplicate header {exc}")
+
+    def _check(self, path: str, query: str, headers) -> Refusal | None:
         if not self._host_ok(headers.get("Host")):
             return Refusal(http.HTTPStatus.FORBIDDEN, "host",
                            "Host not allowed: use localhost or 127.0.0.1, or start the server with --allow-host")

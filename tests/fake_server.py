@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 
 from pipeline.config import VoxpipeConfig
+from pipeline.engines import Engines
 from server.app import VoxpipeServer
 from tests.fakes import fake_engines
 
@@ -33,9 +34,10 @@ class Running:
 
 
 @asynccontextmanager
-async def fake_server(cfg: VoxpipeConfig | None = None) -> AsyncIterator[Running]:
-    """Serve ``cfg`` (default config) over fake stages on 127.0.0.1, a free port."""
-    app = VoxpipeServer(fake_engines(), cfg or VoxpipeConfig())
+async def fake_server(cfg: VoxpipeConfig | None = None, engines: Engines | None = None) -> AsyncIterator[Running]:
+    """Serve ``cfg`` (default config) over ``engines`` (default: :func:`fake_engines`) on
+    127.0.0.1, a free port."""
+    app = VoxpipeServer(engines or fake_engines(), cfg or VoxpipeConfig())
     app.ready = True
     server = await app.serve("127.0.0.1", 0)
     try:

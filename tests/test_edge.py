@@ -25,7 +25,7 @@ from server.budget import ClientBudget, TokenBucket
 from server.edge import EdgeGuard
 from tests.conftest import ROOT
 from tests.fake_server import fake_server
-from tests.fakes import pcm16, silence, tone
+from tests.fakes import FakeTts, fake_engines, pcm16, silence, tone
 
 DEADLINE_S = 60.0
 TOKEN = "s3cret-token"
@@ -167,6 +167,19 @@ async def test_ask_passes_the_token_and_says_clearly_when_it_is_missing(tmp_path
 # ---- budgets ------------------------------------------------------------------------------
 
 
+async def answered_once_within_budget(ws) -> None:
+    """A typed turn is refused (``busy`` ``rate_limited``) while the client is over its budget
+    and answered once the refusal's ``retry_after_ms`` has passed."""
+    for _ in range(5):
+        await ws.send(json.dumps({"type": "text.input", "text": "and now?"}))
+        last = (await until(ws, lambda e: e["type"] in ("busy", "response.done")))[-1]
+        if last["type"] == "response.done":
+            return
+        assert last["reason"] == "rate_limited", last
+        await asyncio.sleep(last["retry_after_ms"] / 1000)
+    pytest.fail("still refused after 5 waits of its retry_after_ms")
+
+
 def test_a_token_bucket_lets_a_burst_through_then_paces_at_its_rate():
     now = [0.0]
     bucket = TokenBucket(rate=3.0, burst=6.0, clock=lambda: now[0])
@@ -194,8 +207,10 @@ def test_a_token_bucket_lets_a_burst_through_then_paces_at_its_rate():
 async def test_audio_faster_than_its_budget_is_slowed_never_dropped_and_never_slows_another_session():
     """A client sends 20 s of audio at once against a 1 s burst at 4x real time: it gets one
     ``rate_limited`` and its audio is read at 4x (all of it: 3 spoken turns are heard, in
-    order, and a frame sent after the audio is answered after them); meanwhile another
-    session's typed turn is answered before the throttled client's frames are through."""
+    order, and a frame sent after the audio is answered after them), but its turns, which
+    end while it is held back, are refused (``busy`` ``rate_limited``: no reply work);
+    meanwhile another session's typed turn is answered before the throttled client's frames
+    are through. Once it keeps to its budget, its turns are answered again."""
     cfg = config(audio_rate_x=4.0, audio_burst_s=1.0)
     turn = np.concatenate([tone(1000), silence(5000)])  # 6 s: silence over the merge window
     audio = pcm16(np.concatenate([turn, turn, turn, silence(2000)]))  # 20 s
@@ -215,6 +230,10 @@ async def test_audio_faster_than_its_budget_is_slowed_never_dropped_and_never_sl
         seen = first + rest
         assert sum(e["type"] == "speech.started" for e in seen) == 3, [e["type"] for e in seen]
         assert [e["code"] for e in seen if e["type"] == "error"] == ["rate_limited", "bad_json"]
+        busy = [e for e in seen if e["type"] == "busy"]
+        assert len(busy) == 3 and {e["reason"] for e in busy} == {"rate_limited"}, busy
+        assert not [e for e in seen if e["type"] in ("response.started", "transcript.final")]
+        await answered_once_within_budget(flood)
     waited = metrics.THROTTLED_SECONDS.labels("audio")._value.get() - throttled
     assert waited >= 3.0  # 20 s at 4x after a 1 s burst: (20 - 1) / 4 = 4.75 s, less the time spent reading
 
@@ -234,9 +253,28 @@ async def test_a_frame_holding_minutes_of_audio_is_read_up_to_the_stall_limit_an
         errors = [e for e in seen if e["type"] == "error"]
         assert [e["code"] for e in errors] == ["rate_limited"] * 2, errors  # slowed, then dropped: told each once
         assert "read at that rate" in errors[0]["message"] and "s of audio dropped" in errors[1]["message"]
-        await ws.send(json.dumps({"type": "text.input", "text": "still there?"}))
-        await until(ws, lambda e: e["type"] == "response.done")
+        await answered_once_within_budget(ws)
     assert 25.0 <= metrics.AUDIO_DROPPED._value.get() - dropped <= 28.0
+
+
+async def test_empty_frames_and_frames_before_session_start_are_paced_too():
+    """A frame costs at least 2 ms of audio whatever it holds, and binary frames before
+    ``session.start`` count as text frames: a flood of either is throttled."""
+    async with fake_server(config(audio_rate_x=1.0, audio_burst_s=0.1, text_rate=50, text_burst=5)) as srv:
+        async with connect(srv.ws) as ws:
+            for _ in range(20):  # no session yet
+                await ws.send(b"\x00\x00")
+            await ws.send("after")
+            codes = [e["code"] for e in await until(ws, lambda e: e.get("code") == "bad_json")]
+            assert codes.count("no_session") == 20 and codes.count("rate_limited") == 1, codes
+        async with connect(srv.ws) as ws:
+            await ws.send(json.dumps({"type": "session.start", "sample_rate": 16000}))
+            await until(ws, lambda e: e["type"] == "session.started")
+            for _ in range(200):  # 0.4 s of budget in empty frames
+                await ws.send(b"")
+            await ws.send("after")
+            codes = [e["code"] for e in await until(ws, lambda e: e.get("code") == "bad_json")]
+            assert codes == ["rate_limited", "bad_json"], codes
 
 
 async def test_text_frames_beyond_their_budget_are_slowed_and_all_answered():
@@ -283,7 +321,9 @@ async def test_a_peer_that_answers_nothing_is_closed_by_the_keepalive():
         assert (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), DEADLINE_S)).startswith(b"HTTP/1.1 101")
         data = b""
         async with asyncio.timeout(DEADLINE_S):
-            while chunk := await reader.read(65536):  # pings, then a close frame, then EOF
+            while b"keepalive" not in data:  # pings, then the close frame (code, reason)
+                chunk = await reader.read(65536)
+                assert chunk, f"EOF before a close frame: {data!r}"
                 data += chunk
         writer.close()
         close = data[data.rindex(b"\x88"):]  # the close frame: opcode 8, code 1011
@@ -308,6 +348,32 @@ async def test_an_idle_session_is_closed_with_a_reason_and_counted():
             await asyncio.wait_for(ws.recv(), DEADLINE_S)
         assert closed.value.rcvd is not None and (closed.value.rcvd.code, closed.value.rcvd.reason) == (1000, "idle")
     assert metrics.SESSIONS_CLOSED.labels("idle")._value.get() == idle_before + 1
+
+
+async def test_an_idle_timeout_waits_for_the_reply_in_progress():
+    """A user listening to a reply is not idle: with a 0.5 s timeout and a reply whose speech
+    takes 1.5 s to make, the reply ends (``response.done``) before ``idle_timeout``."""
+    engines = fake_engines(tts=FakeTts(delay_s=1.5))
+    async with fake_server(config(idle_timeout_s=0.5), engines) as srv, connect(srv.ws) as ws:
+        await ws.send(json.dumps({"type": "session.start"}))
+        await until(ws, lambda e: e["type"] == "session.started")
+        await ws.send(json.dumps({"type": "text.input", "text": "tell me"}))
+        seen = await until(ws, lambda e: e["type"] == "error")
+        kinds = [e["type"] for e in seen]
+        assert "response.done" in kinds and seen[-1]["code"] == "idle_timeout", kinds
+
+
+async def test_duplicate_host_origin_or_authorization_headers_are_a_400_not_a_traceback(caplog):
+    async with fake_server(config(token=TOKEN)) as srv:
+        for dup in ("Host: evil.example", "Origin: http://evil.example", f"Authorization: Bearer {TOKEN}"):
+            reader, writer = await asyncio.open_connection("127.0.0.1", srv.port)
+            writer.write((f"GET /ws HTTP/1.1\r\nHost: 127.0.0.1:{srv.port}\r\nOrigin: http://127.0.0.1:{srv.port}\r\n"
+                          f"Authorization: Bearer {TOKEN}\r\n{dup}\r\n\r\n").encode())
+            await writer.drain()
+            status = await asyncio.wait_for(reader.readline(), DEADLINE_S)
+            writer.close()
+            assert status.startswith(b"HTTP/1.1 400"), (dup, status)
+    assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
 
 
 async def test_a_session_failing_on_an_internal_error_closes_with_1011_and_others_go_on(monkeypatch):

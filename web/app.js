@@ -77,6 +77,7 @@
     stage: "a processing stage's queue is full",
     ladder: "a model ran out of memory: new turns are refused while it recovers",
     breaker: "a processing stage is failing or too slow: its circuit breaker is open",
+    rate_limited: "this page sends faster than the server allows",
   };
   const SESSIONS_RETRY_MS = 5000; // a refused connection without a Retry-After: the server's own hint
 

@@ -40,6 +40,13 @@ class TurnGate:
                  governor: Governor | None = None) -> None:
         self.admission, self.engines, self.cfg, self.id = admission, engines, cfg, session_id
         self.governor = governor
+        self._over_budget_until = 0.0  # time.monotonic(): the client sends faster than its budget
+
+    def over_budget(self, for_s: float) -> None:
+        """The client is sending faster than its input budget (server/budget.py): its turns
+        are refused (``busy`` ``rate_limited``) for the next ``for_s`` seconds — a client
+        beyond real time is not a conversation, and its replies would cost other sessions."""
+        self._over_budget_until = max(self._over_budget_until, time.monotonic() + for_s)
 
     @property
     def times(self) -> ServiceTimes | None:
@@ -60,6 +67,13 @@ class TurnGate:
             prompt_chars: characters of the prompt past the system prompt (history and
                 the turn's text; for speech, :data:`CHARS_PER_SPEECH_S` per second).
         """
+        left_s = self._over_budget_until - time.monotonic()
+        if left_s > 0:
+            if count:
+                logger.info("session %s: turn refused: the client sends faster than its budget", self.id)
+            return Refusal(reason="rate_limited", retry_after_ms=round(left_s * 1000), predicted_ms=0.0,
+                           message="this session sends faster than its budget allows (rate_limited): its turns "
+                                   "are not answered until it slows down")
         degraded = self.governor.refusal(spoken=spoken) if self.governor is not None else None
         if degraded is not None:
             if count:
