@@ -49,6 +49,12 @@ class TurnGate:
         self._over_budget_until = max(self._over_budget_until, time.monotonic() + for_s)
 
     @property
+    def is_over_budget(self) -> bool:
+        """The client is over its input budget now: its turns will be refused, so its
+        speech is not transcribed meanwhile (no partial decodes spent on it)."""
+        return time.monotonic() < self._over_budget_until
+
+    @property
     def times(self) -> ServiceTimes | None:
         """The measured service times replies feed (None without admission)."""
         return self.admission.times if self.admission is not None else None
@@ -67,7 +73,7 @@ class TurnGate:
             prompt_chars: characters of the prompt past the system prompt (history and
                 the turn's text; for speech, :data:`CHARS_PER_SPEECH_S` per second).
         """
-        left_s = self._over_budget_until - time.monotonic()
+        left_s = self._over_budget_until - time.monotonic()  # see is_over_budget
         if left_s > 0:
             if count:
                 logger.info("session %s: turn refused: the client sends faster than its budget", self.id)

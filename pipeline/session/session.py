@@ -223,8 +223,8 @@ class Session:
             return
         tracker = self._tracker
         tracker.append(samples)
-        if self._asr is not None:
-            self._asr.feed(samples)  # streaming ASR of the speech in progress
+        if self._asr is not None and not self.gate.is_over_budget:
+            self._asr.feed(samples)  # streaming ASR of the speech in progress (not for a turn to be refused)
         if len(samples) <= INLINE_VAD_SAMPLES:  # a few windows: cheaper than a thread hop
             probs = tracker.detect(samples)
         else:
