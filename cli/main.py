@@ -399,7 +399,8 @@ def _ask(args) -> int:
         print("timings ms: " + ", ".join(f"{k}={v}" for k, v in res.timings_ms.items()))
     for err in res.errors:
         print(f"server error {err.get('code')}: {err.get('message')}", file=sys.stderr)
-    return 0 if not any(e.get("fatal") for e in res.errors) else 1
+    failed = any(e.get("fatal") for e in res.errors) or (res.errors and not res.reply_text and not res.busy)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

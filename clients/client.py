@@ -303,6 +303,8 @@ async def _receive(ws, res: AskResult, marks: dict, on_partial: Callable[[dict],
             res.errors.append(ev)
             if ev.get("fatal"):
                 return
+        elif kind == "response.cancelled" and ev.get("reason") == "error" and "input_end" in marks:
+            return  # the reply failed (its error came just before): no reply is coming
 
 
 def _timings(res: AskResult, marks: dict, fast: bool) -> None:

@@ -78,6 +78,18 @@ def test_ask_json_carries_the_busy_event(clip, capsys):
     assert res["reply_text"] == "" and res["errors"] == []
 
 
+def test_ask_reports_a_failed_reply_at_once_as_one_json_object(clip, capsys):
+    """A reply that fails (its LLM replica died: ``error`` then ``response.cancelled`` reason
+    ``error``) ends ``ask`` at once with the error, not after its reply timeout."""
+    failed = [server_event(ev.ResponseStarted, response_id=1, user_text="Go forward."),
+              server_event(ev.Error, code="reply_failed", message="llm deployment: its replica died"),
+              server_event(ev.ResponseCancelled, response_id=1, reason="error", spoken_text="")]
+    with scripted_server(turn=failed) as srv:
+        assert main(["ask", clip, "--url", srv.url, "--fast", "--json", "--no-out", "--timeout", "120"]) == 1
+    res = json.loads(capsys.readouterr().out)
+    assert [e["code"] for e in res["errors"]] == ["reply_failed"] and res["reply_text"] == ""
+
+
 @pytest.mark.parametrize("refuse", ["http", "close"])
 def test_ask_reports_the_session_cap_as_busy_sessions(clip, refuse, capsys):
     with scripted_server(refuse=refuse, retry_after_s=7, max_sessions=3) as srv:

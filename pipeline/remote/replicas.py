@@ -240,11 +240,13 @@ class StageDirectory:
         return {"stages": sorted(self._handles)}
 
 
-ASR: Deployment = serve.deployment(name="asr", user_config={})(AsrReplica)
+QUIET = {"enable_access_log": False}
+"""No access-log line per call: the stats poll (every 0.5 s per stage) buried every real one."""
+ASR: Deployment = serve.deployment(name="asr", user_config={}, logging_config=QUIET)(AsrReplica)
 """The ASR stage deployment (options: :mod:`pipeline.remote.settings`)."""
-LLM: Deployment = serve.deployment(name="llm", user_config={})(LlmReplica)
+LLM: Deployment = serve.deployment(name="llm", user_config={}, logging_config=QUIET)(LlmReplica)
 """The LLM stage deployment."""
-TTS: Deployment = serve.deployment(name="tts", user_config={})(TtsReplica)
+TTS: Deployment = serve.deployment(name="tts", user_config={}, logging_config=QUIET)(TtsReplica)
 """The TTS stage deployment."""
 DIRECTORY: Deployment = serve.deployment(name=INGRESS_NAME, num_replicas=1,
                                          ray_actor_options={"num_cpus": 0})(StageDirectory)

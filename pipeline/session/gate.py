@@ -50,8 +50,8 @@ class TurnGate:
 
     @property
     def is_over_budget(self) -> bool:
-        """The client is over its input budget now: its turns will be refused, so its
-        speech is not transcribed meanwhile (no partial decodes spent on it)."""
+        """The client is over its input budget now: its partial transcripts are held as
+        while the server refuses turns (:meth:`hold_ms`), its VAD-ended turns refused."""
         return time.monotonic() < self._over_budget_until
 
     @property
@@ -60,7 +60,7 @@ class TurnGate:
         return self.admission.times if self.admission is not None else None
 
     def check(self, *, spoken: bool, since_end_ms: float, key: object = None, count: bool = True,
-              prompt_chars: int = 0) -> Refusal | None:
+              prompt_chars: int = 0, client_ended: bool = False) -> Refusal | None:
         """Admit (None) or refuse a turn that ends now.
 
         Args:
@@ -72,9 +72,12 @@ class TurnGate:
             count: False for a look-ahead that decides nothing (whether to speculate).
             prompt_chars: characters of the prompt past the system prompt (history and
                 the turn's text; for speech, :data:`CHARS_PER_SPEECH_S` per second).
+            client_ended: the client ended this spoken turn (``input.end``: a file sent
+                fast, push-to-talk), which an over-budget client may still do (its input was
+                paced); the turns VAD ends while it is over budget are refused.
         """
         left_s = self._over_budget_until - time.monotonic()  # see is_over_budget
-        if left_s > 0:
+        if left_s > 0 and not client_ended:
             if count:
                 logger.info("session %s: turn refused: the client sends faster than its budget", self.id)
             return Refusal(reason="rate_limited", retry_after_ms=round(left_s * 1000), predicted_ms=0.0,
@@ -136,8 +139,11 @@ class TurnGate:
 
     def hold_ms(self) -> float:
         """How long best-effort work (a session's partial transcripts) may be put off now
-        (ms; 0: not at all): ``partial_hold_overload_ms`` while the server refuses turns,
-        ``partial_hold_max_ms`` while admitted users wait for their first audio."""
+        (ms; 0: not at all): ``partial_hold_overload_ms`` while the server refuses turns or
+        this client is over its input budget, ``partial_hold_max_ms`` while admitted users
+        wait for their first audio."""
+        if self.is_over_budget:
+            return float(self.cfg.asr.partial_hold_overload_ms)
         admission = self.admission
         if admission is None:
             return 0.0

@@ -223,8 +223,8 @@ class Session:
             return
         tracker = self._tracker
         tracker.append(samples)
-        if self._asr is not None and not self.gate.is_over_budget:
-            self._asr.feed(samples)  # streaming ASR of the speech in progress (not for a turn to be refused)
+        if self._asr is not None:
+            self._asr.feed(samples)  # streaming ASR of the speech in progress
         if len(samples) <= INLINE_VAD_SAMPLES:  # a few windows: cheaper than a thread hop
             probs = tracker.detect(samples)
         else:
@@ -333,7 +333,7 @@ class Session:
         refusal = None
         if turn is not None and not speculated:  # a running speculation was admitted at the pause
             refusal = self.gate.check(spoken=True, since_end_ms=(time.perf_counter() - t_end) * 1000, key=turn,
-                                      prompt_chars=self._prompt_chars(turn))
+                                      prompt_chars=self._prompt_chars(turn), client_ended=end.reason == "input_end")
         elif turn is not None:
             self.gate.admitted_earlier()
         if turn is not None and refusal is not None:
