@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from audio.vad_gate import LevelGate, window_dbfs
+
 WINDOW = 512
 """Samples per VAD window at 16 kHz (32 ms)."""
 CONTEXT = 64
@@ -26,9 +28,11 @@ class SileroVad:
     Args:
         path: the ``.onnx`` file (see ``pipeline.model_files.silero_vad_path``).
         threads: onnxruntime intra-op threads (default 1).
+        gate: skip quiet windows after non-speech (:mod:`audio.vad_gate`; default True).
     """
 
-    def __init__(self, path: str | Path, *, threads: int = 1) -> None:
+    def __init__(self, path: str | Path, *, threads: int = 1, gate: bool = True) -> None:
+        self.gate = gate
         import onnxruntime
 
         opts = onnxruntime.SessionOptions()
@@ -62,7 +66,10 @@ class SileroVad:
 
 
 class VadStream:
-    """Per-session VAD state: feed 16 kHz float32 samples, get one probability per 32 ms."""
+    """Per-session VAD state: feed 16 kHz float32 samples, get one probability per 32 ms.
+
+    Quiet windows after half a second of non-speech skip the model (probability 0; see
+    :mod:`audio.vad_gate`): a silent session costs almost nothing."""
 
     def __init__(self, model: SileroVad) -> None:
         self._model = model
@@ -70,6 +77,12 @@ class VadStream:
         self._context = np.zeros(CONTEXT, dtype=np.float32)
         self._h = np.zeros((1, 1, 128), dtype=np.float32)
         self._c = np.zeros((1, 1, 128), dtype=np.float32)
+        self._gate = LevelGate() if model.gate else _NoGate()
+
+    @property
+    def skipped(self) -> int:
+        """Windows not sent to the model because they were quiet (:mod:`audio.vad_gate`)."""
+        return self._gate.skipped
 
     def feed(self, samples: np.ndarray) -> np.ndarray:
         """Consume samples (float32, shape (n,), 16 kHz); return probabilities of the
@@ -82,5 +95,27 @@ class VadStream:
         wins = buf[: k * WINDOW].reshape(k, WINDOW)
         ctx = np.concatenate([self._context[None, :], wins[:-1, -CONTEXT:]], axis=0)
         self._context = wins[-1, -CONTEXT:].copy()
-        probs, self._h, self._c = self._model.step(np.concatenate([ctx, wins], axis=1), self._h, self._c)
+        framed = np.concatenate([ctx, wins], axis=1)
+        probs = np.zeros(k, dtype=np.float32)
+        levels = window_dbfs(wins)
+        i = 0
+        while i < k:  # runs of windows that need the model go to it together, in order
+            j = i
+            while j < k and self._gate.needs_model(float(levels[j])):
+                j += 1
+            if j > i:
+                probs[i:j], self._h, self._c = self._model.step(framed[i:j], self._h, self._c)
+                for n in range(i, j):
+                    self._gate.observe(float(levels[n]), float(probs[n]), skipped=False)
+            else:  # a quiet window: probability 0, the LSTM state stays as it was
+                self._gate.observe(float(levels[i]), 0.0, skipped=True)
+                j = i + 1
+            i = j
         return probs
+
+
+class _NoGate(LevelGate):
+    """Every window goes to the model (``--no-vad-gate``)."""
+
+    def needs_model(self, db: float) -> bool:
+        return True

@@ -38,6 +38,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--no-prefix-cache", action="store_true",
                    help="prefill every prompt in full (no KV reuse across a conversation's turns)")
     s.add_argument("--end-silence-ms", type=int, default=500, help="silence that ends a turn")
+    s.add_argument("--no-vad-gate", action="store_true",
+                   help="run Silero VAD on every window, quiet ones too (default: a silent session skips it)")
     s.add_argument("--early-end-ms", type=int, default=200,
                    help="silence after which the reply starts speculatively, held until the turn ends (0: off)")
     s.add_argument("--slo-ms", type=float, default=2000.0,
@@ -126,7 +128,9 @@ def _parser() -> argparse.ArgumentParser:
     edge_bench_arguments(bsub.add_parser("edge", help="does one abusive client (20x real time, 4 MiB frames) slow "
                                                       "another session's voice-to-voice?"))
     from bench.ray_overhead import add_arguments as ray_bench_arguments
+    from bench.silent import add_arguments as silent_bench_arguments
 
+    silent_bench_arguments(bsub.add_parser("silent", help="what connected sessions streaming silence cost the server"))
     ray_bench_arguments(bsub.add_parser("ray", help="per-call latency a Ray Serve deployment handle adds (loopback)"))
     bv = bsub.add_parser("voice", help="per-response voice latencies through a real server")
     bv.add_argument("--llm", default="smollm2")
@@ -178,6 +182,10 @@ def main(argv: list[str] | None = None) -> int:
             from bench.load import main as bench_load
 
             return bench_load(args)
+        if args.bench == "silent":
+            from bench.silent import main as bench_silent
+
+            return bench_silent(args)
         if args.bench == "edge":
             from bench.edge import main as bench_edge
 
@@ -227,7 +235,8 @@ def _serve(args) -> int:
     )
 
     cfg = VoxpipeConfig(
-        turn=TurnConfig(end_silence_ms=args.end_silence_ms, early_end_ms=args.early_end_ms),
+        turn=TurnConfig(end_silence_ms=args.end_silence_ms, early_end_ms=args.early_end_ms,
+                        vad_gate=not args.no_vad_gate),
         asr=AsrConfig(model=args.asr_model, max_batch_size=args.asr_batch_size),
         llm=LlmConfig(model=args.llm, device=args.device, threads=args.llm_threads,
                       max_new_tokens=args.max_new_tokens, memory_budget_mb=args.memory_budget,

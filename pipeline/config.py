@@ -33,6 +33,8 @@ class TurnConfig:
             the words already committed (2000 ms), so a pause mid-thought gets one reply.
         barge_in_min_ms: speech over a reply must last this long and contain words
             (a partial transcript) to cancel the reply (400 ms).
+        vad_gate: quiet windows after half a second of non-speech skip Silero, so a silent
+            session costs almost nothing (:mod:`audio.vad_gate`; True; ``--no-vad-gate``).
     """
 
     threshold: float = 0.5
@@ -44,6 +46,7 @@ class TurnConfig:
     max_turn_s: float = 120.0
     merge_window_ms: int = 2000
     barge_in_min_ms: int = 400
+    vad_gate: bool = True
 
 
 @dataclass(slots=True, kw_only=True)

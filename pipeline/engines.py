@@ -178,7 +178,7 @@ def load_engines(cfg: VoxpipeConfig) -> Engines:
 
     cfg.validate()
     t0 = time.perf_counter()
-    vad = SileroVad(model_files.silero_vad_path())
+    vad = SileroVad(model_files.silero_vad_path(), gate=cfg.turn.vad_gate)
     asr = load_stage(cfg, "asr")
     logger.info("ASR loaded (%s)", cfg.asr.model)
     llm = load_stage(cfg, "llm")

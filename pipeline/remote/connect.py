@@ -80,7 +80,7 @@ def engines_from_handles(cfg: VoxpipeConfig, asr_handle: DeploymentHandle, llm_h
     ones); waits up to ``timeout_s`` for each stage's first stats (blocking)."""
     opts = llm_options or {}
     queued = opts.get("max_queued_requests")
-    vad = SileroVad(model_files.silero_vad_path())
+    vad = SileroVad(model_files.silero_vad_path(), gate=cfg.turn.vad_gate)
     asr = RemoteAsr(asr_handle)
     llm = RemoteLlm(llm_handle, queue_size=cfg.llm.queue_size, max_ongoing=opts.get("max_ongoing_requests"),
                     max_queued=None if queued is None else int(queued))

@@ -11,6 +11,7 @@ import numpy as np
 from pipeline.config import TtsConfig
 from pipeline.serving.ladder import is_oom
 from pipeline.tts.chunker import speakable
+from pipeline.tts.normalize import verbalize
 from pipeline.tts.types import Speech
 from pipeline.worker import BatchWorker
 
@@ -45,9 +46,10 @@ class TtsEngine(BatchWorker[str, Speech]):
         return out
 
     def synthesize(self, text: str) -> Speech:
-        """Speak ``text`` after :func:`speakable` cleaning; empty text gives no samples."""
+        """Speak ``text`` after :func:`verbalize` (units, money, numbers as words) and
+        :func:`speakable` cleaning; empty text gives no samples."""
         t0 = time.perf_counter()
-        clean = speakable(text)
+        clean = speakable(verbalize(text))
         parts = [chunk.audio_float_array for chunk in self.voice.synthesize(clean)] if clean else []
         audio = np.concatenate(parts).astype(np.float32) if parts else np.zeros(0, np.float32)
         return Speech(audio=audio, sample_rate=self.sample_rate, synth_ms=(time.perf_counter() - t0) * 1000)

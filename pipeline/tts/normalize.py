@@ -1,0 +1,178 @@
+"""Say symbols, units and numbers as words before synthesis (English).
+
+The LLM writes ``98.6°F``, ``45%``, ``$19.99``, ``5 km``, ``21st``, ``Dr.``; a voice reads
+what its front end knows: Piper's espeak-ng reads digits but drops ``°`` (after
+:func:`~pipeline.tts.chunker.speakable` removed the symbol: "98.6 F"), and a Coqui model
+trained on characters reads no digits at all. :func:`verbalize` rewrites such text into
+words — numbers through ``num2words`` (a well-kept library: cardinals, ordinals, years),
+the rest by the rules below, in the style of the text-normalisation front ends of TTS
+systems (e.g. the "semiotic classes" of Sproat et al., "Normalization of non-standard
+words", Computer Speech & Language 2001: measures, money, ordinals, abbreviations).
+Only what is sent to the voice changes; the reply's text (``response.text``) is kept.
+
+Rules, in order: abbreviations (``Dr.`` → Doctor, ``e.g.`` → for example, …),
+temperatures (``°F``/``°C``/``°``), money (``$ € £ ¥`` with an optional
+million/billion/thousand), percentages, numbers with a unit (``km``, ``kg``, ``mph``,
+``km/h``, ``GB``, …; singular for exactly 1), times (``9:30``, ``9:05``, ``9:00`` with
+an optional am/pm), ordinals (``21st``), then any other number (thousands separators
+dropped; four-digit 1100–2099 read as a year; decimals digit by digit after "point";
+a leading minus as "minus"). Version strings and the like (``1.2.3``, ``v2``, ``mp3``)
+are left alone.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+from num2words import num2words
+
+_NUM = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?"
+"""A number: thousands separated by commas, or plain digits; an optional decimal part."""
+
+ABBREVIATIONS = {
+    "Dr.": "Doctor", "Mr.": "Mister", "Mrs.": "Missus", "Ms.": "Miz", "Prof.": "Professor", "Jr.": "Junior",
+    "Sr.": "Senior", "e.g.": "for example", "i.e.": "that is", "etc.": "et cetera", "vs.": "versus",
+    "approx.": "approximately", "a.m.": "A M", "p.m.": "P M", "No.": "number",
+}
+"""Abbreviations spoken as words (case-sensitive, with their dots). ``No.`` only before a
+digit; ``St.`` is left alone (Saint or Street)."""
+
+UNITS = {
+    "km/h": ("kilometer per hour", "kilometers per hour"), "kph": ("kilometer per hour", "kilometers per hour"),
+    "mph": ("mile per hour", "miles per hour"), "m/s": ("meter per second", "meters per second"),
+    "km": ("kilometer", "kilometers"), "cm": ("centimeter", "centimeters"), "mm": ("millimeter", "millimeters"),
+    "m": ("meter", "meters"), "mi": ("mile", "miles"), "ft": ("foot", "feet"),
+    "kg": ("kilogram", "kilograms"), "mg": ("milligram", "milligrams"), "g": ("gram", "grams"),
+    "lb": ("pound", "pounds"), "lbs": ("pounds", "pounds"), "oz": ("ounce", "ounces"),
+    "ml": ("milliliter", "milliliters"), "mL": ("milliliter", "milliliters"), "L": ("liter", "liters"),
+    "kWh": ("kilowatt hour", "kilowatt hours"), "kW": ("kilowatt", "kilowatts"), "W": ("watt", "watts"),
+    "V": ("volt", "volts"), "GHz": ("gigahertz", "gigahertz"), "MHz": ("megahertz", "megahertz"),
+    "Hz": ("hertz", "hertz"), "TB": ("terabyte", "terabytes"), "GB": ("gigabyte", "gigabytes"),
+    "MB": ("megabyte", "megabytes"), "KB": ("kilobyte", "kilobytes"), "kB": ("kilobyte", "kilobytes"),
+    "ms": ("millisecond", "milliseconds"), "hr": ("hour", "hours"), "hrs": ("hours", "hours"),
+    "h": ("hour", "hours"), "min": ("minute", "minutes"), "sec": ("second", "seconds"),
+}
+"""Unit symbols after a number → (singular, plural) words."""
+
+CURRENCIES = {"$": ("dollar", "dollars", "cent", "cents"), "€": ("euro", "euros", "cent", "cents"),
+              "£": ("pound", "pounds", "penny", "pence"), "¥": ("yen", "yen", "", "")}
+"""Currency symbols → (unit, units, subunit, subunits)."""
+
+_SCALE = r"(?:\s?(thousand|million|billion|trillion|k|bn|M)\b)?"
+_SCALES = {"k": "thousand", "bn": "billion", "M": "million"}
+
+_ABBREV = re.compile("|".join(re.escape(a) + (r"(?=\s*\d)" if a == "No." else "")
+                              for a in sorted(ABBREVIATIONS, key=len, reverse=True)))
+_TEMP = re.compile(rf"(-?)({_NUM})\s?°(?:\s?([CF])(?![A-Za-z]))?(?=([A-Za-z])?)")
+_MONEY = re.compile(rf"(-?)([$€£¥])\s?({_NUM}){_SCALE}")
+_PERCENT = re.compile(rf"(-?)({_NUM})\s?%")
+_UNIT = re.compile(rf"(?<![\w.])(-?)({_NUM})\s?("
+                   + "|".join(re.escape(u) for u in sorted(UNITS, key=len, reverse=True)) + r")(?![\w/])")
+_TIME = re.compile(r"\b([01]?\d|2[0-3]):([0-5]\d)(?:\s?([ap])\.?m\.?)?(?![\w:])", re.IGNORECASE)
+_ORDINAL = re.compile(r"\b(\d+)(st|nd|rd|th)\b")
+_NUMBER = re.compile(rf"(?<![\w.\-])(-?)({_NUM})(?![\w]|[.\-]\d)")
+
+
+def _number(text: str, *, year_ok: bool = False) -> str:
+    """``text`` (digits, commas, one decimal point) in words."""
+    plain = text.replace(",", "")
+    if year_ok and "," not in text and "." not in plain and len(plain) == 4 and 1100 <= int(plain) <= 2099:
+        return num2words(int(plain), to="year")
+    if "." in plain:
+        whole, frac = plain.split(".", 1)
+        return f"{num2words(int(whole or '0'))} point {' '.join(num2words(int(d)) for d in frac)}"
+    return num2words(int(plain))
+
+
+def _signed(sign: str, words: str) -> str:
+    return f"minus {words}" if sign else words
+
+
+def _is_one(text: str) -> bool:
+    return text.replace(",", "") in ("1", "1.0")
+
+
+def _temperature(m: re.Match) -> str:
+    scale = {"C": " Celsius", "F": " Fahrenheit"}.get(m.group(3) or "", "")
+    unit = "degree" if _is_one(m.group(2)) else "degrees"
+    glue = " " if m.group(4) else ""  # "3°Fahrenheit": a word follows at once
+    return f"{_signed(m.group(1), _number(m.group(2)))} {unit}{scale}{glue}"
+
+
+def _money(m: re.Match) -> str:
+    sign, sym, amount, scale = m.groups()
+    one, many, sub_one, sub_many = CURRENCIES[sym]
+    if scale:
+        return f"{_signed(sign, _number(amount))} {_SCALES.get(scale, scale)} {many}"
+    whole, _, cents = amount.replace(",", "").partition(".")
+    parts = []
+    if int(whole) or not cents or not sub_one:
+        parts.append(f"{num2words(int(whole))} {one if int(whole) == 1 else many}")
+    if cents and sub_one and int(cents[:2].ljust(2, "0")):
+        c = int(cents[:2].ljust(2, "0"))
+        parts.append(f"{num2words(c)} {sub_one if c == 1 else sub_many}")
+    return _signed(sign, " and ".join(parts))
+
+
+def _percent(m: re.Match) -> str:
+    return f"{_signed(m.group(1), _number(m.group(2)))} percent"
+
+
+def _unit(m: re.Match) -> str:
+    one, many = UNITS[m.group(3)]
+    return f"{_signed(m.group(1), _number(m.group(2)))} {one if _is_one(m.group(2)) else many}"
+
+
+def _time(m: re.Match) -> str:
+    hour, minute, ampm = int(m.group(1)), int(m.group(2)), m.group(3)
+    words = num2words(hour)
+    if minute == 0:
+        words += "" if ampm else " o'clock"
+    elif minute < 10:
+        words += f" oh {num2words(minute)}"
+    else:
+        words += f" {num2words(minute)}"
+    return f"{words} {ampm.upper()} M" if ampm else words
+
+
+def _ordinal(m: re.Match) -> str:
+    return num2words(int(m.group(1)), to="ordinal")
+
+
+def _plain(m: re.Match) -> str:
+    return _signed(m.group(1), _number(m.group(2), year_ok=True))
+
+
+_RULES: tuple[tuple[re.Pattern, Callable[[re.Match], str]], ...] = (
+    (_ABBREV, lambda m: ABBREVIATIONS[m.group(0)]), (_TEMP, _temperature), (_MONEY, _money),
+    (_PERCENT, _percent), (_UNIT, _unit), (_TIME, _time), (_ORDINAL, _ordinal), (_NUMBER, _plain),
+)
+
+
+MAX_DIGITS = 15
+"""Numbers with more digits are left as digits (the voice reads them as it can)."""
+
+
+def _safe(say: Callable[[re.Match], str]) -> Callable[[re.Match], str]:
+    """A rule that keeps the matched text when it cannot say it (a number too long)."""
+
+    def apply(m: re.Match) -> str:
+        if sum(ch.isdigit() for ch in m.group(0)) > MAX_DIGITS:
+            return m.group(0)
+        try:
+            return say(m)
+        except (ValueError, OverflowError, KeyError, NotImplementedError):
+            return m.group(0)
+
+    return apply
+
+
+def verbalize(text: str) -> str:
+    """``text`` with abbreviations, temperatures, money, percentages, measures, times,
+    ordinals and numbers written out in English words (see the module docstring); other
+    text is unchanged. ``"It is 98.6°F."`` → ``"It is ninety-eight point six degrees
+    Fahrenheit."``. Never raises on any string."""
+    for pattern, say in _RULES:
+        text = pattern.sub(_safe(say), text)
+    return text

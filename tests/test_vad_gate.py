@@ -1,0 +1,82 @@
+"""The level gate in front of Silero VAD (audio/vad_gate.py): a silent stream costs no
+model call, and speech is detected exactly as without the gate."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from audio.pcm import resample
+from audio.vad import WINDOW, SileroVad
+from audio.vad_gate import ABS_GATE_DBFS, IDLE_WINDOWS, RISE_DB, LevelGate, window_dbfs
+from audio.wav import read_mono
+from pipeline import model_files
+
+
+def test_window_level():
+    x = np.zeros((2, WINDOW), np.float32)
+    x[1] = 0.5
+    db = window_dbfs(x)
+    assert db[0] < -200 and db[1] == pytest.approx(20 * np.log10(0.5), abs=1e-6)
+
+
+def test_gate_waits_for_idle_then_skips_quiet_and_passes_rises():
+    g = LevelGate()
+    for _ in range(IDLE_WINDOWS):  # not idle yet: every window goes to the model
+        assert g.needs_model(-60.0)
+        g.observe(-60.0, 0.0, skipped=False)
+    assert not g.needs_model(ABS_GATE_DBFS - 1)  # digital silence
+    assert not g.needs_model(-60.0 + RISE_DB - 1)  # noise at the floor
+    assert g.needs_model(-60.0 + RISE_DB + 1)  # a rise: maybe speech
+    g.observe(-40.0, 0.9, skipped=False)  # speech: the gate opens until idle again
+    assert g.needs_model(-80.0)
+
+
+def test_floor_follows_the_room_slowly_up_and_quickly_down():
+    g = LevelGate()
+    for _ in range(IDLE_WINDOWS):
+        g.observe(-60.0, 0.0, skipped=False)
+    for _ in range(200):  # a fan turned on: louder non-speech windows, judged by the model
+        g.observe(-45.0, 0.0, skipped=False)
+    assert g.floor_db == pytest.approx(-45.0, abs=0.5)
+    assert not g.needs_model(-44.0)
+    for _ in range(20):
+        g.observe(-60.0, 0.0, skipped=True)
+    assert g.floor_db == pytest.approx(-60.0, abs=0.5)
+
+
+@pytest.fixture(scope="module")
+def vads():
+    path = model_files.silero_vad_path()
+    return SileroVad(path), SileroVad(path, gate=False)
+
+
+def _probs(vad, x):
+    s = vad.stream()
+    return np.concatenate([s.feed(x[i:i + 320]) for i in range(0, len(x), 320)]), s.skipped
+
+
+@pytest.mark.parametrize("clip", ["en_jfk_inaugural_1961.wav", "en_librispeech_1988-24833-0003.wav",
+                                  "en_librispeech_1995-1837-0001.wav", "en_cmu_goforward.wav"])
+def test_gated_vad_finds_the_same_speech(vads, audio_dir, clip):
+    """The quietest clips (speech down to -61 dBFS) with silence around them: the same
+    speech windows with and without the gate (a window or two may differ at a boundary,
+    the model state being a few windows older), and the silence skipped."""
+    x, sr = read_mono(audio_dir / clip)
+    x = resample(x, sr, 16000)
+    pad = np.zeros(16000, np.float32)
+    x = np.concatenate([pad, x, pad])
+    gated, skipped = _probs(vads[0], x)
+    plain, none = _probs(vads[1], x)
+    assert none == 0 and skipped >= 16000 // WINDOW  # at least the second of silence after the clip
+    on, ref = gated > 0.5, plain > 0.5
+    assert ref.sum() > 20
+    assert (on != ref).sum() <= max(2, ref.sum() // 25)
+
+
+def test_silent_and_quiet_streams_skip_almost_every_window(vads):
+    rng = np.random.default_rng(0)
+    for x in (np.zeros(16000 * 5, np.float32), (rng.standard_normal(16000 * 5) * 10 ** (-65 / 20)).astype(np.float32)):
+        probs, skipped = _probs(vads[0], x)
+        assert len(probs) - skipped <= IDLE_WINDOWS + 2
+        assert probs.max() < 0.5
