@@ -185,14 +185,18 @@ def summarize(results: list[SilentResult]) -> list[dict[str, Any]]:
     base = {r.gate: statistics.median(r.v2v_ms) for r in results if r.sessions == 0 and r.v2v_ms}
     out = []
     for r in results:
-        p50 = statistics.median(r.v2v_ms) if r.v2v_ms else float("nan")
+        p50 = statistics.median(r.v2v_ms) if r.v2v_ms else None
         b = base.get(r.gate)
         out.append({"scenario": r.name, "silent_sessions": r.sessions, "vad_gate": r.gate, "server_cpu_pct": r.cpu_pct,
-                    "answered": f"{r.answered}/{r.turns}", "v2v_p50_ms": round(p50),
+                    "answered": f"{r.answered}/{r.turns}", "v2v_p50_ms": None if p50 is None else round(p50),
                     "v2v_p95_ms": round(pct(r.v2v_ms, 95)) if r.v2v_ms else None,
-                    "p50_ratio": round(p50 / b, 2) if b else None, "crowd_events": r.crowd_events,
+                    "p50_ratio": round(p50 / b, 2) if b and p50 is not None else None, "crowd_events": r.crowd_events,
                     "crowd_failure": r.crowd_failure})
     return out
+
+
+def _num(x: Any) -> str:
+    return "-" if x is None else str(x)
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
@@ -203,8 +207,8 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         ratio = "" if r["p50_ratio"] is None else f"{r['p50_ratio']:.2f}"
         lines.append(f"{r['scenario']:<12} {r['silent_sessions']:>6} {'on' if r['vad_gate'] else 'off':>5} "
-                     f"{r['server_cpu_pct']:>22.1f} {r['answered']:>9} {r['v2v_p50_ms']:>8} "
-                     f"{r['v2v_p95_ms'] if r['v2v_p95_ms'] is not None else '-':>6} {ratio:>6}")
+                     f"{r['server_cpu_pct']:>22.1f} {r['answered']:>9} {_num(r['v2v_p50_ms']):>8} "
+                     f"{_num(r['v2v_p95_ms']):>6} {ratio:>6}")
         if r["crowd_failure"]:
             lines.append(f"  crowd failed: {r['crowd_failure']}")
     return "\n".join(lines)
