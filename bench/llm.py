@@ -2,8 +2,8 @@
 
 Modes (DESIGN.md §7): no batching (one request at a time), static batching (batches of
 4 that wait until full and admit nobody while running), dynamic/continuous batching
-(``max_wait_ms=50``), and dynamic batching at reduced precision (int8 dynamic weight
-quantization on CPU against the bf16 baseline). Loads: a closed loop at fixed concurrency,
+(``max_wait_ms=50``), and dynamic batching at reduced precision (weight-only int4 linears
+on CPU, ``--device cpu-int4``, against the bf16 baseline). Loads: a closed loop at fixed concurrency,
 and Poisson arrivals at a fixed rate. Chat prompts of varied length with varied
 ``max_new_tokens``; every request uses the chat template's default system prompt, as chat
 requests share one system prompt in serving.
@@ -217,12 +217,12 @@ def main(args) -> int:
 
     torch.set_num_threads(args.threads)
     base_dev = "cuda" if args.device == "cuda" else "cpu"  # bf16: the serving default
-    red_dev = "cuda" if args.device == "cuda" else "cpu-int8"
+    red_dev = "cuda" if args.device == "cuda" else "cpu-int4"
     modes = [
         ("no batching", base_dev, SchedulerConfig(max_batch_size=1, max_wait_ms=0)),
         ("static batch 4", base_dev, SchedulerConfig(max_batch_size=4, max_wait_ms=2000, static=True)),
         ("dynamic batching", base_dev, SchedulerConfig(max_batch_size=args.max_batch_size, max_wait_ms=50)),
-        ("dynamic + int8" if red_dev == "cpu-int8" else "dynamic (bf16)", red_dev,
+        ("dynamic + int4" if red_dev == "cpu-int4" else "dynamic (bf16)", red_dev,
          SchedulerConfig(max_batch_size=args.max_batch_size, max_wait_ms=50)),
     ]
     loads = [f"closed c={args.concurrency}", f"poisson {args.rate}/s"]

@@ -107,8 +107,49 @@ def main(args: argparse.Namespace) -> int:
         print("--compare-cache needs --turns or --duration", file=sys.stderr)
         return 2
     args.sessions = args.sessions or [1, 4]
+    if getattr(args, "variant", None):
+        from bench.voice_variants import variants_main
+
+        return variants_main(args, clips)
+    table = single_turn_table(args, clips, args.serve_args.split(), log=args.server_log)
+    if args.json:
+        print(json.dumps(table, indent=1))
+        return 0
+    keys = ["first_token_to_audio", "first_phrase_to_audio", "tts_rtf", "llm_ttft", "asr", "voice_to_voice",
+            "client_voice_to_voice"]
+    print(f"LLM={args.llm}, clips={len(clips)} x{args.repeat} per session; each cell: p50 / p95 (ms; RTF unitless); "
+          f"within SLO: answered turns with client voice-to-voice <= {args.slo_ms:.0f} ms")
+    print("| sessions | responses | busy | within SLO | max v2v | " + " | ".join(keys) + " |")
+    print("|" + "---|" * (len(keys) + 5))
+    for row in table:
+        cells = [f"{row[k][0]:.0f} / {row[k][1]:.0f}" if k != "tts_rtf" else f"{row[k][0]:.3f} / {row[k][1]:.3f}"
+                 for k in keys]
+        print(f"| {row['sessions']} | {row['responses']} | {row['busy']} | {100 * row['within_slo']:.0f} % | "
+              f"{row['max_v2v']:.0f} | " + " | ".join(cells) + " |")
+    return 0
+
+
+ROW_KEYS = ("first_audio", "first_token_to_audio", "first_phrase_to_audio", "tts_rtf", "llm_ttft", "asr",
+            "voice_to_voice", "client_voice_to_voice")
+"""Per-turn timings (``response.done``'s ``timings_ms``, and the client's voice-to-voice) a
+row summarizes as (p50, p95)."""
+
+
+def single_turn_table(args: argparse.Namespace, clips: list[Path], extra: list[str],
+                      log: str | None = None) -> list[dict]:
+    """Start ``voxpipe serve --llm args.llm EXTRA``, play ``clips`` × ``args.repeat`` from each
+    of ``args.sessions`` concurrent sessions (one row per value), stop the server.
+
+    Returns:
+        one dict per sessions value: ``sessions``, ``responses``, ``busy``, ``within_slo``
+        (share of answered turns with client voice-to-voice <= ``args.slo_ms``), ``max_v2v``
+        (ms) and (p50, p95) of each of :data:`ROW_KEYS` (ms; ``tts_rtf`` unitless).
+
+    Raises:
+        RuntimeError: the server exited or was not ready in 600 s.
+    """
     port = _free_port()
-    proc = _start_server(args.llm, port, args.serve_args.split(), log=args.server_log)
+    proc = _start_server(args.llm, port, extra, log=log)
     url = f"ws://127.0.0.1:{port}/ws"
     table = []
     try:
@@ -126,29 +167,13 @@ def main(args: argparse.Namespace) -> int:
             row = {"sessions": n, "responses": len(answered), "busy": len(rows) - len(answered),
                    "within_slo": sum(x <= args.slo_ms for x in v2v) / len(v2v) if v2v else float("nan"),
                    "max_v2v": max(v2v, default=float("nan"))}
-            rows = answered
-            for key in ("first_token_to_audio", "first_phrase_to_audio", "tts_rtf", "llm_ttft", "asr",
-                        "voice_to_voice", "client_voice_to_voice"):
-                row[key] = _stat(rows, key)
+            for key in ROW_KEYS:
+                row[key] = _stat(answered, key)
             table.append(row)
     finally:
         proc.terminate()
         proc.wait(timeout=20)
-    if args.json:
-        print(json.dumps(table, indent=1))
-        return 0
-    keys = ["first_token_to_audio", "first_phrase_to_audio", "tts_rtf", "llm_ttft", "asr", "voice_to_voice",
-            "client_voice_to_voice"]
-    print(f"LLM={args.llm}, clips={len(clips)} x{args.repeat} per session; each cell: p50 / p95 (ms; RTF unitless); "
-          f"within SLO: answered turns with client voice-to-voice <= {args.slo_ms:.0f} ms")
-    print("| sessions | responses | busy | within SLO | max v2v | " + " | ".join(keys) + " |")
-    print("|" + "---|" * (len(keys) + 5))
-    for row in table:
-        cells = [f"{row[k][0]:.0f} / {row[k][1]:.0f}" if k != "tts_rtf" else f"{row[k][0]:.3f} / {row[k][1]:.3f}"
-                 for k in keys]
-        print(f"| {row['sessions']} | {row['responses']} | {row['busy']} | {100 * row['within_slo']:.0f} % | "
-              f"{row['max_v2v']:.0f} | " + " | ".join(cells) + " |")
-    return 0
+    return table
 
 
 # ---- multi-turn mode: one connection per session, the history grows turn by turn ----------

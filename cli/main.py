@@ -21,12 +21,25 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=8765)
     s.add_argument("--max-sessions", type=int, default=0,
                    help="open sessions at most; more are refused (HTTP 503 / close 1013); 0: 8 per LLM batch slot")
-    s.add_argument("--llm", default="qwen", help="qwen (default), smollm2, or a local transformers folder")
+    s.add_argument("--llm", default="qwen",
+                   help="qwen (default), smollm2, a local transformers folder, or openai:URL[#MODEL] (a running "
+                        "OpenAI-compatible server, e.g. openai:http://127.0.0.1:8000/v1)")
+    s.add_argument("--llm-api-key", default=None,
+                   help="with --llm openai:URL: the server's API key (default: OPENAI_API_KEY)")
+    s.add_argument("--tokenizer", default=None, metavar="PATH",
+                   help="with --llm openai:URL: a local Hugging Face tokenizer folder that counts the context "
+                        "budget exactly (default: an estimate that errs high, ~3.5 characters per token)")
+    s.add_argument("--llm-timeout-s", type=float, default=30.0,
+                   help="with --llm openai:URL: longest silence of the server on a reply before it fails (s)")
     s.add_argument("--asr-model", default="tiny.en",
                    help="tiny.en (default), base (multilingual, detects the language) or a CTranslate2 Whisper folder")
     s.add_argument("--asr-batch-size", type=int, default=8, help="ASR decode requests (any sessions) run together")
     s.add_argument("--voice", default="joe", help="joe (default) or a Piper .onnx voice path")
-    s.add_argument("--device", default="auto", help="auto | cpu (bf16) | cpu-fp32 | cpu-int8 | cuda")
+    from pipeline.tts.choice import TTS_FLAG_HELP
+
+    s.add_argument("--tts", default="piper", metavar="piper|piper:VOICE|coqui:PATH", help=TTS_FLAG_HELP)
+    s.add_argument("--device", default="auto", help="auto | cpu (bf16) | cpu-fp32 | cpu-int4 | cpu-int8 (weight-only "
+                   "quantized linears, bf16 activations) | cuda")
     s.add_argument("--llm-threads", type=int, default=1, help="torch threads for the LLM")
     s.add_argument("--tts-threads", type=int, default=1, help="onnxruntime threads per TTS worker")
     s.add_argument("--max-new-tokens", type=int, default=96)
@@ -127,11 +140,18 @@ def _parser() -> argparse.ArgumentParser:
 
     edge_bench_arguments(bsub.add_parser("edge", help="does one abusive client (20x real time, 4 MiB frames) slow "
                                                       "another session's voice-to-voice?"))
+    from bench.llm_quant import add_arguments as quant_bench_arguments
     from bench.ray_overhead import add_arguments as ray_bench_arguments
     from bench.silent import add_arguments as silent_bench_arguments
 
+    quant_bench_arguments(bsub.add_parser("quant", help="quantized LLM (int8/int4) vs bf16: greedy agreement, "
+                                                        "perplexity, decode tok/s, llama.cpp"))
     silent_bench_arguments(bsub.add_parser("silent", help="what connected sessions streaming silence cost the server"))
     ray_bench_arguments(bsub.add_parser("ray", help="per-call latency a Ray Serve deployment handle adds (loopback)"))
+    from bench.replies import add_arguments as replies_bench_arguments
+
+    replies_bench_arguments(bsub.add_parser("replies", help="do replies answer or parrot? parrot rate per model "
+                                                            "and chat framing on bench/prompts.tsv"))
     bv = bsub.add_parser("voice", help="per-response voice latencies through a real server")
     bv.add_argument("--llm", default="smollm2")
     bv.add_argument("--sessions", type=int, nargs="+", default=None,
@@ -143,6 +163,10 @@ def _parser() -> argparse.ArgumentParser:
     bv.add_argument("--server-log", default=None, help="write the server's INFO log to this file")
     bv.add_argument("--slo-ms", type=float, default=2000.0, help="count answered turns within this voice-to-voice (ms)")
     bv.add_argument("--serve-args", default="", help="extra 'voxpipe serve' options, e.g. '--tts-threads 2'")
+    bv.add_argument("--variant", action="append", default=[], metavar="NAME=SERVE_ARGS",
+                    help="one server run per variant with these extra 'voxpipe serve' options (after --serve-args; "
+                         "repeatable), one table with a row per variant, e.g. --variant piper= "
+                         "--variant coqui='--tts coqui:DIR'")
     bv.add_argument("--audio-dir", default=str(Path(__file__).resolve().parent.parent / "tests" / "data" / "audio"))
     bv_turns = bv.add_mutually_exclusive_group()
     bv_turns.add_argument("--turns", type=int, default=None, metavar="N",
@@ -157,8 +181,17 @@ def _parser() -> argparse.ArgumentParser:
 
     m = sub.add_parser("mic", help="talk to a server with the local microphone and speaker")
     m.add_argument("--url", default="ws://127.0.0.1:8765/ws")
-    m.add_argument("--input-device", default=None)
-    m.add_argument("--output-device", default=None)
+    m.add_argument("--input-device", default=None, metavar="INDEX|NAME",
+                   help="microphone: an index (all digits) or part of a name (see --list-devices)")
+    m.add_argument("--output-device", default=None, metavar="INDEX|NAME",
+                   help="speaker: an index (all digits) or part of a name (see --list-devices)")
+    m.add_argument("--list-devices", action="store_true", help="list the audio devices and exit")
+    m.add_argument("--echo", default="auto", choices=["auto", "aec", "half-duplex", "off"],
+                   help="keep the assistant from hearing itself: aec (WebRTC echo cancellation, needs the mic "
+                        "extra), half-duplex (mute the microphone while it speaks unless you are louder), auto "
+                        "(aec if installed, else half-duplex; default), off (headphones)")
+    m.add_argument("--barge-in-db", type=float, default=6.0, metavar="DB",
+                   help="half-duplex: how much louder than the speaker (dB) your voice must be to cut in (6)")
     m.add_argument("--token", default=os.environ.get("VOXPIPE_TOKEN") or None,
                    help="the server's bearer token (default: $VOXPIPE_TOKEN)")
     return p
@@ -182,6 +215,10 @@ def main(argv: list[str] | None = None) -> int:
             from bench.load import main as bench_load
 
             return bench_load(args)
+        if args.bench == "quant":
+            from bench.llm_quant import main as bench_quant
+
+            return bench_quant(args)
         if args.bench == "silent":
             from bench.silent import main as bench_silent
 
@@ -198,13 +235,20 @@ def main(argv: list[str] | None = None) -> int:
             from bench.voice import main as bench_voice
 
             return bench_voice(args)
+        if args.bench == "replies":
+            from bench.replies import main as bench_replies
+
+            return bench_replies(args)
         from bench.llm import main as bench_llm
 
         return bench_llm(args)
     if args.command == "mic":
-        from clients.mic import run_mic
+        from clients.mic import list_devices_command, run_mic
 
-        return run_mic(args.url, input_device=args.input_device, output_device=args.output_device, token=args.token)
+        if args.list_devices:
+            return list_devices_command()
+        return run_mic(args.url, input_device=args.input_device, output_device=args.output_device, token=args.token,
+                       echo=args.echo, barge_in_db=args.barge_in_db)
     return 2
 
 
@@ -233,6 +277,7 @@ def _serve(args) -> int:
         TurnConfig,
         VoxpipeConfig,
     )
+    from pipeline.tts.choice import tts_config
 
     cfg = VoxpipeConfig(
         turn=TurnConfig(end_silence_ms=args.end_silence_ms, early_end_ms=args.early_end_ms,
@@ -240,7 +285,8 @@ def _serve(args) -> int:
         asr=AsrConfig(model=args.asr_model, max_batch_size=args.asr_batch_size),
         llm=LlmConfig(model=args.llm, device=args.device, threads=args.llm_threads,
                       max_new_tokens=args.max_new_tokens, memory_budget_mb=args.memory_budget,
-                      prefix_cache=not args.no_prefix_cache),
+                      prefix_cache=not args.no_prefix_cache, api_key=args.llm_api_key, tokenizer=args.tokenizer,
+                      remote_timeout_s=args.llm_timeout_s),
         llm_batch=SchedulerConfig(max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms),
         tts=TtsConfig(voice=args.voice, threads=args.tts_threads),
         admission=AdmissionConfig(enabled=not args.no_admission, slo_ms=args.slo_ms),
@@ -251,6 +297,8 @@ def _serve(args) -> int:
     )
     try:
         cfg.degrade = _degrade_config(args, DegradeConfig)
+        cfg.tts = tts_config(args.tts, voice=args.voice, threads=args.tts_threads)
+        _check_remote_llm(args)
         cfg.validate()
     except ValueError as exc:
         print(f"voxpipe: bad configuration: {exc}", file=sys.stderr)
@@ -261,6 +309,26 @@ def _serve(args) -> int:
         print(f"voxpipe: bad configuration: {exc}", file=sys.stderr)
         return 2
     return asyncio.run(_serve_async(cfg, ray_opts))
+
+
+def _check_remote_llm(args) -> None:
+    """Validate ``--llm openai:URL[#MODEL]`` and the flags that only go with it.
+
+    Raises:
+        ValueError: a bad URL, or ``--tokenizer``/``--llm-api-key`` without a remote LLM.
+    """
+    from pipeline.llm.types import RemoteLlmSpec
+
+    if not RemoteLlmSpec.is_remote(args.llm):
+        if args.tokenizer or args.llm_api_key:
+            raise ValueError("--tokenizer and --llm-api-key go with --llm openai:URL (a local model counts with "
+                             "its own tokenizer)")
+        return
+    RemoteLlmSpec.parse(args.llm)
+    if args.ray is not None:
+        raise ValueError("--llm openai:URL does not run in Ray Serve deployments: drop --ray")
+    if args.tokenizer and not Path(args.tokenizer).is_dir():
+        raise ValueError(f"--tokenizer {args.tokenizer}: not a folder (give a local Hugging Face tokenizer folder)")
 
 
 def _ray_options(args) -> dict | None:
@@ -323,7 +391,13 @@ async def _serve_async(cfg, ray_opts: dict | None = None) -> int:
     log = logging.getLogger("voxpipe")
     if ray_opts is None:
         log.info("loading models (the first start converts the LLM once; later starts are fast)")
-        engines = await asyncio.to_thread(load_engines, cfg)
+        from pipeline.llm.types import RemoteLlmUnavailable
+
+        try:
+            engines = await asyncio.to_thread(load_engines, cfg)
+        except RemoteLlmUnavailable as exc:
+            print(f"voxpipe: {exc}", file=sys.stderr)
+            return 2
     else:
         from pipeline.remote.connect import connect_engines
 

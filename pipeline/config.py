@@ -117,11 +117,18 @@ class LlmConfig:
 
     Attributes:
         model: ``qwen`` (default), ``smollm2`` or a local transformers folder.
-        device: ``auto`` | ``cpu`` | ``cpu-fp32`` | ``cuda``.
+        device: ``auto`` | ``cpu`` | ``cpu-fp32`` | ``cpu-int4`` | ``cpu-int8`` | ``cuda``
+            (``pipeline.llm.loader.DEVICES``).
         threads: torch intra-op threads on CPU (1).
         max_new_tokens: tokens per reply (96: a couple of spoken sentences).
         max_context_tokens: history budget counted with the model's tokenizer (1024).
         system_prompt: default system prompt; a session may replace it.
+        examples: example (user, assistant) exchanges put after the system prompt in every
+            request (few-shot framing; they stay when a session replaces the system prompt).
+            Without them the small default models often answer a statement by repeating it
+            (issue 16's parrot rate on ``bench/prompts.tsv``, Qwen 0.5B greedy: 23 of 46
+            replies parrot with this system prompt alone, 2 of 46 with these two examples;
+            ``voxpipe bench replies``). () = none.
         queue_size: bounded request queue; a full queue answers ``busy``.
         memory_budget_mb: the LLM's memory budget in MiB — weights + KV cache + one
             step's activations (``--memory-budget``); 0 = auto: on CUDA the weights + 0.9 ×
@@ -132,6 +139,15 @@ class LlmConfig:
         prefix_cache: reuse KV across requests by token blocks — a conversation's earlier
             turns are not prefilled again (:mod:`pipeline.llm.runner.block_cache`; True;
             ``--no-prefix-cache``). Cached blocks live within the KV budget.
+        api_key: with ``model = "openai:URL[#model]"`` (a remote OpenAI-compatible server,
+            :mod:`pipeline.llm.remote`): the Bearer token it wants (``--llm-api-key``; None:
+            ``OPENAI_API_KEY``, else none sent that matters).
+        tokenizer: remote only: a local Hugging Face tokenizer folder that counts the context
+            budget exactly (``--tokenizer``); None: an estimate that errs high
+            (:func:`pipeline.llm.counting.estimate_tokens`).
+        remote_timeout_s: remote only: the longest silence of the server on a request, before
+            its first chunk and between chunks (30 s; ``--llm-timeout-s``); then the reply
+            fails with an error and the LLM breaker counts a failure.
     """
 
     model: str = "qwen"
@@ -143,9 +159,16 @@ class LlmConfig:
         "You are a helpful voice assistant talking with a person. "
         "Reply to what they say in one or two short spoken sentences."
     )
+    examples: tuple[tuple[str, str], ...] = (
+        ("I went to the market this morning.", "Nice! Did you find anything good?"),
+        ("Why do cats purr?", "Mostly because they feel content, though some purr when they are stressed."),
+    )
     queue_size: int = 64
     memory_budget_mb: float = 0.0
     prefix_cache: bool = True
+    api_key: str | None = None
+    tokenizer: str | None = None
+    remote_timeout_s: float = 30.0
 
 
 @dataclass(slots=True, kw_only=True)
@@ -200,17 +223,20 @@ class SchedulerConfig:
 
 @dataclass(slots=True, kw_only=True)
 class TtsConfig:
-    """Piper TTS.
+    """The TTS stage: Piper (default) or a Coqui TTS model folder (``--tts coqui:PATH``).
 
     Attributes:
-        voice: path to a Piper ``.onnx`` voice, or ``joe`` (package default).
-        threads: onnxruntime intra-op threads (1).
+        backend: ``piper`` (default) or ``coqui`` (:mod:`pipeline.tts.coqui`; the ``coqui`` extra).
+        voice: piper: path to a Piper ``.onnx`` voice, or ``joe`` (package default); coqui: the
+            model folder (``config.json`` + a checkpoint).
+        threads: onnxruntime intra-op threads (piper), torch threads in the TTS worker (coqui) (1).
         workers: synthesizer threads sharing the voice (1).
         queue_size: bounded job queue.
         playback_lead_s: reply audio is sent at most this far ahead of real-time
             playback (1.0 s), so a barge-in silences the client quickly.
     """
 
+    backend: str = "piper"
     voice: str = "joe"
     threads: int = 1
     workers: int = 1
@@ -467,10 +493,14 @@ class VoxpipeConfig:
                         ("tts.threads", self.tts.threads), ("tts.workers", self.tts.workers)):
             if n < 1:
                 raise ValueError(f"{name} must be >= 1")
+        if self.tts.backend not in ("piper", "coqui"):
+            raise ValueError(f"tts.backend {self.tts.backend!r}: piper or coqui")
         if self.llm.max_new_tokens < 1 or self.llm.max_context_tokens < 64:
             raise ValueError("llm: max_new_tokens >= 1 and max_context_tokens >= 64")
         if not self.llm.memory_budget_mb >= 0:  # also refuses NaN
             raise ValueError("llm.memory_budget_mb must be >= 0 (0: auto)")
+        if not (math.isfinite(self.llm.remote_timeout_s) and 0 < self.llm.remote_timeout_s <= 3600):
+            raise ValueError(f"llm.remote_timeout_s must be within (0, 3600] s, got {self.llm.remote_timeout_s!r}")
         b = self.llm_batch
         if b.max_batch_size < 1 or b.max_wait_ms < 0 or b.max_prefill_tokens < 16:
             raise ValueError("llm_batch: max_batch_size >= 1, max_wait_ms >= 0, max_prefill_tokens >= 16")

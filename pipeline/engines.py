@@ -18,10 +18,10 @@ from pipeline.asr.types import AsrRequest
 from pipeline.config import VoxpipeConfig
 from pipeline.llm.engine import LlmEngine
 from pipeline.llm.loader import load_llm
-from pipeline.llm.types import GenRequest
+from pipeline.llm.types import GenRequest, RemoteLlmSpec
 from pipeline.serving.admission import Load
 from pipeline.stages import AsrStage, LlmStage, Stage, TtsStage, VadModel
-from pipeline.tts.engine import TtsEngine
+from pipeline.tts.engine import PhraseEngine, TtsEngine
 from pipeline.tts.loader import load_voice
 
 logger = logging.getLogger(__name__)
@@ -149,8 +149,8 @@ def load_stage(cfg: VoxpipeConfig, stage: Literal["asr"]) -> AsrEngine: ...
 @overload
 def load_stage(cfg: VoxpipeConfig, stage: Literal["llm"]) -> LlmEngine: ...
 @overload
-def load_stage(cfg: VoxpipeConfig, stage: Literal["tts"]) -> TtsEngine: ...
-def load_stage(cfg: VoxpipeConfig, stage: Literal["asr", "llm", "tts"]) -> AsrEngine | LlmEngine | TtsEngine:
+def load_stage(cfg: VoxpipeConfig, stage: Literal["tts"]) -> PhraseEngine: ...
+def load_stage(cfg: VoxpipeConfig, stage: Literal["asr", "llm", "tts"]) -> AsrEngine | LlmEngine | PhraseEngine:
     """Load one model stage's engine (not started): what :func:`load_engines` does for each,
     and what a Ray Serve replica runs (:mod:`pipeline.remote.replicas`). Slow: call off the
     event loop.
@@ -163,6 +163,10 @@ def load_stage(cfg: VoxpipeConfig, stage: Literal["asr", "llm", "tts"]) -> AsrEn
     if stage == "llm":
         return LlmEngine(load_llm(cfg.llm.model, device=cfg.llm.device, threads=cfg.llm.threads), cfg.llm,
                          cfg.llm_batch)
+    if stage == "tts" and cfg.tts.backend == "coqui":
+        from pipeline.tts.coqui import load_coqui_engine
+
+        return load_coqui_engine(cfg.tts)
     if stage == "tts":
         return TtsEngine(load_voice(cfg.tts), cfg.tts)
     raise ValueError(f"unknown stage {stage!r}: asr, llm or tts")
@@ -173,15 +177,21 @@ def load_engines(cfg: VoxpipeConfig) -> Engines:
 
     Raises:
         ModelNotInstalled, ValueError, FileNotFoundError: see the loaders.
+        RemoteLlmUnavailable: ``--llm openai:URL``'s server cannot be used (checked first).
     """
     from pipeline import model_files
 
     cfg.validate()
     t0 = time.perf_counter()
+    remote_llm: LlmStage | None = None
+    if RemoteLlmSpec.is_remote(cfg.llm.model):  # a remote server is checked before any model loads
+        from pipeline.llm.remote import open_remote_llm
+
+        remote_llm = open_remote_llm(cfg)
     vad = SileroVad(model_files.silero_vad_path(), gate=cfg.turn.vad_gate)
     asr = load_stage(cfg, "asr")
     logger.info("ASR loaded (%s)", cfg.asr.model)
-    llm = load_stage(cfg, "llm")
+    llm = remote_llm if remote_llm is not None else load_stage(cfg, "llm")
     logger.info("LLM loaded (%s)", cfg.llm.model)
     tts = load_stage(cfg, "tts")
     fallback = None

@@ -46,6 +46,9 @@ TEXT_DROPPED = Counter("voxpipe_client_text_dropped_frames_total",
 SESSIONS_CLOSED = Counter("voxpipe_sessions_closed_total",
                           "sessions ended, by reason (client, session_end, idle, slow_client, internal, not_ready)",
                           ["reason"], registry=REGISTRY)
+HTTP_API_REQUESTS = Counter("voxpipe_http_api_requests_total",
+                            "OpenAI-compatible HTTP API requests (/v1/...), by endpoint and HTTP status",
+                            ["endpoint", "status"], registry=REGISTRY)
 ERRORS = Counter("voxpipe_client_errors_total", "error events sent to clients", ["code"], registry=REGISTRY)
 LLM_RUNNING = Gauge("voxpipe_llm_running", "LLM requests decoding in the batch", registry=REGISTRY)
 LLM_BATCH = Histogram("voxpipe_llm_batch_size", "requests per LLM decode step",

@@ -27,13 +27,20 @@ from pipeline.session.session import Session
 
 from .budget import MIN_FRAME_S, ClientBudget, Pace
 from .edge import EdgeGuard
+from .http_front import HttpFront
 from .keepalive import keepalive
+from .openai_api import openai_app
 from .outbox import SlowClient, WsOutbox
 from .protocol import ProtocolError, parse_client_event
+from .realtime.outbox import RealtimeOutbox
+from .realtime.types import Settings as RealtimeSettings
+from .realtime.wire import RealtimeWire, dialect_from_headers
 
 logger = logging.getLogger(__name__)
 
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
+REALTIME_PATH = "/v1/realtime"
+"""The OpenAI Realtime API subset (server/realtime/, docs/REALTIME.md): sessions as ``/ws``."""
 CLOSE_TRY_AGAIN_LATER = 1013
 """WebSocket close code for a connection refused by the session cap (RFC 6455 registry)."""
 CLOSE_INTERNAL_ERROR = 1011
@@ -77,10 +84,12 @@ class VoxpipeServer:
         self.max_sessions = cfg.server.max_sessions or AUTO_SESSIONS_PER_SLOT * cfg.llm_batch.max_batch_size
 
     async def serve(self, host: str | None = None, port: int | None = None):
-        """Start listening; returns the websockets ``Server`` (use as async context)."""
+        """Start listening; returns the websockets ``Server`` (use as async context). The
+        same port serves the OpenAI-compatible HTTP API under ``/v1/`` (server/http_front.py)."""
         s = self.cfg.server
         self.start_tasks()
-        return await serve(
+        front = HttpFront(openai_app(self))
+        server = await serve(
             self.handle,
             host or s.host,
             s.port if port is None else port,
@@ -93,7 +102,10 @@ class VoxpipeServer:
             # no permessage-deflate: PCM barely compresses, and deflating every audio frame
             # of every session costs the event loop (and the client) CPU for nothing
             compression=None,
+            create_connection=front.connection_class(),
         )
+        front.attach(server)  # closing the server closes the HTTP API's connections too
+        return server
 
     def start_tasks(self) -> None:
         """Start the background tasks (loop-lag probe, governor) on the running loop
@@ -123,7 +135,7 @@ class VoxpipeServer:
             if refusal.status == http.HTTPStatus.UNAUTHORIZED:
                 resp.headers["WWW-Authenticate"] = 'Bearer realm="voxpipe"'
             return resp
-        if path == "/ws":
+        if path in ("/ws", REALTIME_PATH):
             if self.sessions >= self.max_sessions:  # cheap early refusal, before the upgrade
                 metrics.ADMISSIONS.labels("refused", "sessions").inc()
                 resp = connection.respond(http.HTTPStatus.SERVICE_UNAVAILABLE,
@@ -160,10 +172,15 @@ class VoxpipeServer:
         sid = uuid.uuid4().hex[:12]
         close_code, reason = CLOSE_NORMAL, "client"  # 1011 after an internal error
         s = self.cfg.server
-        out = WsOutbox(ws, maxsize=s.send_queue, timeout_s=s.slow_client_timeout_s)
+        request = getattr(ws, "request", None)  # None: a Serve ingress adapter (always /ws)
+        realtime = request is not None and request.path.partition("?")[0] == REALTIME_PATH
+        out = (RealtimeOutbox(ws, RealtimeSettings(dialect=dialect_from_headers(request.headers if request else {})),
+                              maxsize=s.send_queue, timeout_s=s.slow_client_timeout_s) if realtime
+               else WsOutbox(ws, maxsize=s.send_queue, timeout_s=s.slow_client_timeout_s))
         writer = asyncio.create_task(out.run())
         session = Session(engines=self.engines, cfg=self.cfg, out=out, session_id=sid, admission=self.admission,
                           governor=self.governor)
+        wire = RealtimeWire(out, session, self.cfg) if isinstance(out, RealtimeOutbox) else None
         self.sessions += 1  # no await since the check above: a burst never admits cap + 1
         metrics.SESSIONS.inc()
         logger.info("session %s opened from %s", sid, ws.remote_address)
@@ -174,6 +191,8 @@ class VoxpipeServer:
                 await session.error("not_ready", "server is warming up; try again shortly", fatal=True)
                 return
             budget = ClientBudget(s)
+            if wire is not None:
+                await wire.open()
             loop = asyncio.get_running_loop()
             last_frame = loop.time()
             alive = asyncio.create_task(keepalive(ws, lambda: last_frame, s.keepalive_s, s.keepalive_s))
@@ -182,6 +201,10 @@ class VoxpipeServer:
                 last_frame = loop.time()
                 if getattr(ws, "state", None) is State.CLOSED:  # gone: what it queued is not worth answering
                     break
+                if wire is not None:  # /v1/realtime: appended audio paced as audio, other frames as text
+                    await wire.frame(message, lambda pcm: self._audio(session, budget, pcm),
+                                     lambda n: self._pace(session, budget.text_frame(n, s.read_stall_s), "text", 1))
+                    continue
                 if isinstance(message, bytes):
                     await self._audio(session, budget, message)
                     continue

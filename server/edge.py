@@ -9,8 +9,10 @@ request before any WebSocket upgrade (so a refused client costs no session).
 - **Origin** (cross-site WebSocket hijacking; browsers send ``Origin`` on every WebSocket
   handshake, and WebSockets are not subject to CORS): ``/ws`` accepts a request without
   ``Origin`` (not a browser), the page's own origin (``Origin``'s host and port equal the
-  ``Host`` header), and ``ServerConfig.allow_origins`` (``*`` = any).
-- **Token**: with ``ServerConfig.token`` set, ``/ws`` needs ``Authorization: Bearer TOKEN``
+  ``Host`` header), and ``ServerConfig.allow_origins`` (``*`` = any). The same holds for the
+  HTTP API under ``/v1/`` (server/openai_api.py: a cross-site page's ``fetch`` must not
+  spend the LLM).
+- **Token**: with ``ServerConfig.token`` set, ``/ws`` and ``/v1/...`` need ``Authorization: Bearer TOKEN``
   or the query parameter ``token=TOKEN`` (browsers cannot set headers on a WebSocket);
   ``/metrics`` needs it too when the server listens on a non-loopback address. Compared in
   constant time (:func:`hmac.compare_digest`).
@@ -88,13 +90,14 @@ class EdgeGuard:
         if not self._host_ok(headers.get("Host")):
             return Refusal(http.HTTPStatus.FORBIDDEN, "host",
                            "Host not allowed: use localhost or 127.0.0.1, or start the server with --allow-host")
-        if path == "/ws":
+        if path == "/ws" or path.startswith("/v1/"):
             origin = headers.get("Origin")
             if origin is not None and not self._origin_ok(origin, headers.get("Host")):
                 return Refusal(http.HTTPStatus.FORBIDDEN, "origin",
                                f"Origin {origin[:100]!r} not allowed: open the page from this server, "
                                "or start it with --allow-origin")
-        if self.token is not None and (path == "/ws" or (path == "/metrics" and not self.loopback)):
+        if self.token is not None and (path == "/ws" or path.startswith("/v1/")
+                                       or (path == "/metrics" and not self.loopback)):
             if not self._token_ok(query, headers.get("Authorization")):
                 return Refusal(http.HTTPStatus.UNAUTHORIZED, "token",
                                "a valid token is required: Authorization: Bearer TOKEN, or ?token=TOKEN")

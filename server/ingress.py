@@ -27,10 +27,8 @@ from ray.serve import Application, Deployment
 from ray.serve.handle import DeploymentHandle
 from starlette.websockets import WebSocketDisconnect
 from websockets.asyncio.server import ServerConnection
-from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed, ConnectionClosedError, ConnectionClosedOK
 from websockets.frames import Close
-from websockets.http11 import Request as WsRequest
 from websockets.http11 import Response as WsResponse
 
 from pipeline.config import SchedulerConfig, VoxpipeConfig
@@ -41,6 +39,7 @@ from pipeline.remote.settings import FRONTEND_SECTIONS, config_from_user, deploy
 from pipeline.remote.types import FRONTEND_NAME
 
 from .app import AUTO_SESSIONS_PER_SLOT, VoxpipeServer
+from .plain_http import plain_answer
 
 logger = logging.getLogger(__name__)
 
@@ -116,17 +115,6 @@ class StarletteSocket:
             await self.ws.close(code, reason)
         except (WebSocketDisconnect, RuntimeError, OSError):
             pass
-
-
-class _HttpConnection:
-    """What :meth:`VoxpipeServer.process_request` uses of a websockets connection."""
-
-    def __init__(self, remote_address: Any) -> None:
-        self.remote_address = remote_address
-
-    def respond(self, status: http.HTTPStatus, text: str) -> WsResponse:
-        return WsResponse(status.value, status.phrase, Headers([("Content-Type", "text/plain; charset=utf-8")]),
-                          text.encode())
 
 
 def _starlette(resp: WsResponse) -> StarletteResponse:
@@ -213,11 +201,8 @@ class Frontend:
         return _starlette(resp)
 
     def _check(self, conn: WebSocket | Request, path: str) -> WsResponse | None:
-        query = conn.url.query  # the websockets server's checks, on Starlette's request
-        headers = Headers([(k.decode("latin-1"), v.decode("latin-1")) for k, v in conn.headers.raw])
-        remote = (conn.client.host, conn.client.port) if conn.client else None
-        request = WsRequest(f"{path}?{query}" if query else path, headers)
-        return self._server().process_request(cast(ServerConnection, _HttpConnection(remote)), request)
+        remote = (conn.client.host, conn.client.port) if conn.client else None  # the websockets server's checks
+        return plain_answer(self._server(), path, conn.url.query, conn.headers.raw, remote)
 
 
 FRONTEND: Deployment = serve.deployment(

@@ -38,11 +38,11 @@ def manifest(audio_dir) -> dict[str, dict]:
 
 
 @contextmanager
-def running_server(log: Path, *args: str, ready_s: float = 600):
-    """Run ``voxpipe serve --llm smollm2 ARGS`` on a free port until the block ends;
-    yields ``(port, proc)`` once ``/healthz`` answers (the test fails with the log's tail
-    if it exits or is not ready within ``ready_s``)."""
-    port = free_port()
+def running_server(log: Path, *args: str, ready_s: float = 600, port: int | None = None):
+    """Run ``voxpipe serve --llm smollm2 ARGS`` on ``port`` (None: a free one) until the
+    block ends; yields ``(port, proc)`` once ``/healthz`` answers (the test fails with the
+    log's tail if it exits or is not ready within ``ready_s``)."""
+    port = port or free_port()
     env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
     with open(log, "w") as fh:
         proc = subprocess.Popen(
@@ -50,27 +50,38 @@ def running_server(log: Path, *args: str, ready_s: float = 600):
             cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT,
         )
         try:
-            deadline = time.time() + ready_s
-            while True:
-                if proc.poll() is not None:
-                    pytest.fail(f"server exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
-                try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
-                        if r.status == 200:
-                            break
-                except OSError:
-                    pass
-                if time.time() > deadline:
-                    pytest.fail(f"server not ready in time:\n{log.read_text()[-4000:]}")
-                time.sleep(0.5)
+            wait_ready(proc, f"http://127.0.0.1:{port}/healthz", log, ready_s)
             yield port, proc
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_process(proc)
+
+
+def wait_ready(proc: subprocess.Popen, url: str, log: Path, ready_s: float, what: str = "server") -> None:
+    """Wait until ``url`` answers 200; fail with ``log``'s tail if ``proc`` exits first or
+    ``ready_s`` pass."""
+    deadline = time.time() + ready_s
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(f"{what} exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        if time.time() > deadline:
+            pytest.fail(f"{what} not ready in time:\n{log.read_text()[-4000:]}")
+        time.sleep(0.5)
+
+
+def stop_process(proc: subprocess.Popen, wait_s: float = 60) -> None:
+    """Terminate ``proc``; kill it if it has not exited within ``wait_s``."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=wait_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 @pytest.fixture(scope="session")

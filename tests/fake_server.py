@@ -34,12 +34,13 @@ class Running:
 
 
 @asynccontextmanager
-async def fake_server(cfg: VoxpipeConfig | None = None, engines: Engines | None = None) -> AsyncIterator[Running]:
+async def fake_server(cfg: VoxpipeConfig | None = None, engines: Engines | None = None,
+                      port: int = 0) -> AsyncIterator[Running]:
     """Serve ``cfg`` (default config) over ``engines`` (default: :func:`fake_engines`) on
-    127.0.0.1, a free port."""
+    127.0.0.1, ``port`` (0: a free one)."""
     app = VoxpipeServer(engines or fake_engines(), cfg or VoxpipeConfig())
     app.ready = True
-    server = await app.serve("127.0.0.1", 0)
+    server = await app.serve("127.0.0.1", port)
     try:
         yield Running(app, server.sockets[0].getsockname()[1])
     finally:
@@ -49,7 +50,8 @@ async def fake_server(cfg: VoxpipeConfig | None = None, engines: Engines | None 
 
 
 @contextmanager
-def fake_server_thread(cfg: VoxpipeConfig | None = None) -> Iterator[Running]:
+def fake_server_thread(cfg: VoxpipeConfig | None = None, engines: Engines | None = None,
+                       port: int = 0) -> Iterator[Running]:
     """:func:`fake_server` on an event loop in a daemon thread, until the block ends."""
     loop = asyncio.new_event_loop()
     stop = asyncio.Event()
@@ -57,7 +59,7 @@ def fake_server_thread(cfg: VoxpipeConfig | None = None) -> Iterator[Running]:
     ready = threading.Event()
 
     async def main() -> None:
-        async with fake_server(cfg) as running:
+        async with fake_server(cfg, engines, port) as running:
             box.append(running)
             ready.set()
             await stop.wait()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.config import TurnConfig, VoxpipeConfig
+from pipeline.config import LlmConfig, TurnConfig, VoxpipeConfig
 from pipeline.session import events as ev
 from pipeline.session.responder import EMPTY_REPLY
 from pipeline.session.turn_state import Phase
@@ -106,7 +106,8 @@ async def test_speculation_dropped_when_speech_resumes_sends_nothing():
         assert texts(h.out.seen) == "The real answer."
         assert len(of(h.out.seen, ev.SpeechStopped)) == 1  # one turn
         assert llm.requests[1].messages[-1]["content"] == of(h.out.seen, ev.TranscriptFinal)[0].text
-        assert len(llm.requests[1].messages) == 2  # the discarded speculation left no history
+        # the discarded speculation left no history: system, the example exchanges, the turn
+        assert len(llm.requests[1].messages) == 2 + 2 * len(LlmConfig().examples)
     finally:
         await h.close()
 
@@ -152,7 +153,8 @@ async def test_speech_after_the_merge_window_is_a_new_turn():
     assert not of(seen, ev.ResponseCancelled)
     finals = [f.text for f in of(seen, ev.TranscriptFinal)]
     assert len(finals) == 2 and finals[1] == finals[0]  # a fresh transcript, not a continuation
-    assert [m["role"] for m in llm.requests[1].messages] == ["system", "user", "assistant", "user"]
+    examples = ["user", "assistant"] * len(LlmConfig().examples)
+    assert [m["role"] for m in llm.requests[1].messages] == ["system", *examples, "user", "assistant", "user"]
 
 
 async def test_llm_busy_reports_busy_and_the_session_goes_on():

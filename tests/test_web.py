@@ -55,8 +55,10 @@ def fake_mic_wav(audio_dir: Path, out: Path) -> float:
 
 
 @contextmanager
-def launch(*extra_args: str):
-    """Headless Chromium (the system's), with a fake microphone and no permission prompts."""
+def launch(*extra_args: str, fake_ui: bool = True, fake_device: bool = True):
+    """Headless Chromium (the system's), with a fake microphone (``fake_device``; False: the
+    machine's own devices, none on a server) and no permission prompts (``fake_ui``: granted;
+    False: a headless browser denies the microphone)."""
     if not Path(CHROMIUM).exists():
         pytest.fail(f"Chromium not found at {CHROMIUM}: apt-get install chromium (or set VOXPIPE_CHROMIUM)")
     try:
@@ -67,7 +69,8 @@ def launch(*extra_args: str):
         "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync",
         "--autoplay-policy=no-user-gesture-required",
-        "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream", *extra_args,
+        *(["--use-fake-ui-for-media-stream"] if fake_ui else []),
+        *(["--use-fake-device-for-media-stream"] if fake_device else []), *extra_args,
     ]
     with sync_playwright() as pw:
         b = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=args)

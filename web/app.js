@@ -1,527 +1,561 @@
-// voxpipe browser demo: microphone → WebSocket (f32 at the AudioContext rate),
-// reply text and PCM16 reply audio back. Protocol: docs/PROTOCOL.md.
-"use strict";
+// voxpipe browser demo: microphone → WebSocket (f32 at the AudioContext rate), live
+// transcripts, reply text and PCM16 reply audio back. Protocol: docs/PROTOCOL.md.
+// Modules: audio.js (context, microphone, playback, levels), protocol.js (the socket and
+// reconnection), ui.js (what is on screen), settings.js (saved choices).
 
-(() => {
-  const BATCH_MS = 20; // audio per binary message
-  const PLAYBACK_LEAD_S = 0.06; // head start for the first chunk of a reply
-  const CLOSE_TRY_AGAIN_LATER = 1013; // close code of the session cap
-  const $ = (id) => document.getElementById(id);
-  // A server started with --token needs it on /ws; browsers cannot set headers on a
-  // WebSocket, so the page passes it as ?token=, taken from its own URL (/?token=...).
-  const TOKEN = new URLSearchParams(location.search).get("token");
-  const TOKEN_QUERY = TOKEN ? `?token=${encodeURIComponent(TOKEN)}` : "";
+import { makeContext, Mic, micErrorKind, ReplyPlayer } from "./audio.js";
+import { Connection } from "./protocol.js";
+import { bindSettingsForm, loadSettings, sessionFields } from "./settings.js";
+import * as ui from "./ui.js";
 
-  // State a test (or a curious user in the console) can read.
-  const vp = (window.voxpipe = {
-    status: "disconnected",
-    sampleRate: null, // AudioContext rate: declared input rate and output_sample_rate
-    declared: null, // the last session.start sent
-    events: [], // every JSON event from the server, in order
-    sent: [], // every JSON event sent to the server
-    micActive: false,
-    audioFramesSent: 0,
-    samplesSent: 0,
-    audioFramesReceived: 0,
-    audioSamplesReceived: 0,
-    audioFramesDropped: 0, // frames of cancelled replies, not played
-    underruns: 0, // reply chunks that arrived after the previous one had finished playing
-    responses: {}, // response_id -> {userText, text, frames, samples, done, cancelled}
-    replyText: "", // text of the latest reply so far
-    busy: [], // every refusal shown: {reason, retry_after_ms, message} (busy events, 503, close 1013)
-    degraded: [], // the latest server.status's conditions ([]: normal service) — see showStatus
-    refused: null, // {status, message}: the server refused the connection (401 token, 403 Host/Origin)
-  });
+const { $, log } = ui;
+const BATCH_MS = 20; // audio per binary message
+const TICK_MS = 100; // state, meters and playback counts refresh
 
-  let ctx = null; // AudioContext (one per page)
-  let workletLoaded = null; // promise of ctx.audioWorklet.addModule
-  let ws = null;
-  let connecting = null; // promise resolved on session.started
-  let mic = null; // {stream, source, node}
-  let activeRid = null; // reply in progress (started, not done or cancelled)
-  let lastUser = null; // {el, spoken} of the latest user turn
-  const views = new Map(); // response id -> {el: reply bubble, user: its user turn}
-  const cancelRequested = new Set(); // response ids the user cancelled
+// State a test (or a curious user in the console) can read.
+const vp = (window.voxpipe = {
+  status: "disconnected",
+  state: "off", // the conversation state badge's key (ui.STATES)
+  sampleRate: null, // AudioContext rate: declared input rate and (by default) output_sample_rate
+  declared: null, // the last session.start sent
+  events: [], // every JSON event from the server, in order (all sessions)
+  sent: [], // every JSON event sent to the server
+  sessionId: null, // the current session's id
+  sessions: 0, // sessions started on this page (a reconnect is a new one)
+  micActive: false,
+  micError: null, // why the microphone could not start: audio.js micErrorKind
+  micKind: null, // "worklet" | "script-processor"
+  audioFramesSent: 0,
+  samplesSent: 0,
+  audioFramesReceived: 0,
+  audioSamplesReceived: 0,
+  audioFramesDropped: 0, // frames of cancelled replies, not played
+  underruns: 0, // reply chunks that arrived after the previous one had finished playing
+  responses: {}, // this session's replies: response_id -> {userText, text, frames, samples, playedSamples, done, cancelled}
+  replyText: "", // text of the latest reply so far
+  busy: [], // every refusal shown: {reason, retry_after_ms, message} (busy events, 503, close 1013)
+  degraded: [], // the latest server.status's conditions ([]: normal service)
+  refused: null, // {status, message}: the server refused the connection (401 token, 403 Host/Origin)
+  reconnects: [], // every scheduled reconnection: {attempt, delayMs}
+  playback: null, // the player's counts: {scheduledSamples, playedSamples, underruns, flushes, playing}
+  settings: loadSettings(),
+});
+const settings = vp.settings;
 
-  // ---- UI helpers --------------------------------------------------------------
+let ctx = null; // AudioContext (one per page; null where the browser has none)
+let player = null; // ReplyPlayer
+let mic = null; // Mic
+let talking = false; // push-to-talk: the talk button is held
+let userSpeaking = false; // between speech.started and speech.stopped
+let thinking = false; // a turn ended, its reply not started yet
+let activeRid = null; // reply in progress (started, not done or cancelled)
+let lastUser = null; // the latest user turn: {el, spoken, sentAt}
+let turns = new Map(); // turn_id -> {el, spoken: true, final}: this session's spoken turns
+let views = new Map(); // response id -> {el: reply bubble, user: its user turn}
+let cancelRequested = new Set(); // response ids the user cancelled
 
-  function setStatus(state, text) {
-    vp.status = text;
-    $("status").dataset.state = state;
-    $("status").textContent = text;
-  }
-
-  function setSpeech(state, text) {
-    $("speech").dataset.state = state;
-    $("speech").textContent = text;
-  }
-
-  function log(text, cls = "") {
-    const li = document.createElement("li");
-    li.textContent = `${new Date().toLocaleTimeString()}  ${text}`;
-    if (cls) li.className = cls;
-    const box = $("log");
-    box.appendChild(li);
-    while (box.children.length > 300) box.removeChild(box.firstChild);
-    box.scrollTop = box.scrollHeight;
-  }
-
-  // ---- busy: a refused turn or session, with a retry countdown ----------------------
-
-  // What each `busy` reason means, in plain words (docs/PROTOCOL.md, "Admission" and
-  // "Degraded service").
-  const BUSY_REASONS = {
-    queue: "the reply would miss the latency target",
-    memory: "the language model's memory is full",
-    sessions: "too many sessions are open",
-    stage: "a processing stage's queue is full",
-    ladder: "a model ran out of memory: new turns are refused while it recovers",
-    breaker: "a processing stage is failing or too slow: its circuit breaker is open",
-    rate_limited: "this page sends faster than the server allows",
-  };
-  const SESSIONS_RETRY_MS = 5000; // a refused connection without a Retry-After: the server's own hint
-
-  // A refused turn (a `busy` event) or connection (HTTP 503 / close 1013: reason
-  // "sessions"): a bubble in the conversation saying why, and a countdown to when a retry
-  // may succeed. `ev`: {reason, retry_after_ms, message}.
-  function showBusy(ev) {
-    const reason = ev.reason || "unknown";
-    const retryMs = Math.max(0, Number(ev.retry_after_ms) || 0);
-    vp.busy.push({ reason, retry_after_ms: retryMs, message: ev.message || "" });
-    const el = bubble("assistant busy", "");
-    el.dataset.reason = reason;
-    const text = el.querySelector(".text");
-    text.textContent = `Server busy (${reason}): ${BUSY_REASONS[reason] || "it cannot take this turn now"}`;
-    const countdown = document.createElement("span");
-    countdown.className = "countdown";
-    countdown.setAttribute("aria-live", "off"); // the bubble is announced once, not every tick
-    text.after(countdown);
-    el.querySelector(".meta").textContent = ev.message || "";
-    const until = performance.now() + retryMs;
-    const tick = () => {
-      const left = Math.ceil(Math.max(0, until - performance.now()) / 1000); // whole seconds, 0 at the end
-      el.dataset.left = String(left);
-      if (left > 0) {
-        countdown.textContent = `retry in ${left} s`;
-        // next tick at the next whole second (at most 1 s away)
-        setTimeout(tick, Math.max(50, until - performance.now() - (left - 1) * 1000));
-      } else {
-        countdown.textContent = "you can try again now";
-        el.classList.add("retry-ok");
-      }
-    };
-    tick();
-  }
-
-  // ---- degraded service: the server's latest server.status ---------------------------
-
-  // One condition in words, e.g. "llm out-of-memory step 2" (what), for the tooltip.
-  function conditionName(c) {
-    const stage = c.stage || "a stage";
-    if (c.source === "ladder") return `${stage} out-of-memory step ${c.level}`;
-    if (c.source === "breaker") return `${stage} breaker ${String(c.level).replace("_", "-")}`;
-    if (c.source === "slo") return `latency over the SLO, level ${c.level}`;
-    return [c.source, c.stage, c.level].filter(Boolean).join(" ");
-  }
-
-  // A `server.status` (or null: a new connection, nothing known yet): the "degraded" badge
-  // next to the connection status, and a line under the header listing each condition's
-  // effect, while the server says it is degraded; both hidden otherwise.
-  function showStatus(ev) {
-    const conditions = ev && ev.degraded ? ev.conditions || [] : [];
-    const degraded = !!(ev && ev.degraded);
-    vp.degraded = conditions;
-    const badge = $("degraded");
-    const line = $("degraded-effects");
-    badge.hidden = line.hidden = !degraded;
-    if (!degraded) {
-      badge.title = "";
-      line.textContent = "";
-      return;
-    }
-    const effects = conditions.map((c) => c.effect).filter(Boolean);
-    badge.title = conditions.length
-      ? conditions.map((c) => `${conditionName(c)}: ${c.effect || "no details"}`).join("\n")
-      : "degraded service";
-    line.textContent = `Degraded service: ${effects.length ? effects.join("; ") : "no details"}`;
-  }
-
-  // The upgrade failed before the socket opened (the browser reports only code 1006):
-  // ask the same URL over plain HTTP whether it is the session cap (503 + Retry-After).
-  // Why a WebSocket was refused before it opened (browsers do not say): ask /ws over plain
-  // HTTP. 503 = the session cap (shown as busy); 401/403 = the token, Host or Origin.
-  async function refusedForSessions() {
-    try {
-      const r = await fetch(`/ws${TOKEN_QUERY}`, { cache: "no-store" });
-      if (r.status === 401 || r.status === 403) {
-        const body = (await r.text()).trim();
-        const hint = r.status === 401 ? " — open this page as /?token=YOUR_TOKEN" : "";
-        log(`connection refused: HTTP ${r.status}: ${body}${hint}`, "error");
-        setStatus("closed", r.status === 401 ? "refused: token needed" : "refused");
-        vp.refused = { status: r.status, message: body };
-        return false;
-      }
-      if (r.status !== 503) return false;
-      const secs = parseFloat(r.headers.get("Retry-After"));
-      const body = (await r.text()).trim();
-      log(`connection refused: HTTP 503 (sessions), Retry-After ${r.headers.get("Retry-After")} s: ${body}`, "error");
-      showBusy({
-        reason: "sessions",
-        retry_after_ms: Number.isFinite(secs) ? secs * 1000 : SESSIONS_RETRY_MS,
-        message: body || "the server is at its session cap",
-      });
-      return true;
-    } catch {
-      return false; // no server at all: the close already said so
-    }
-  }
-
-  function bubble(role, text) {
-    const div = document.createElement("div");
-    div.className = `msg ${role}`;
-    const body = document.createElement("span");
-    body.className = "text";
-    body.textContent = text;
-    const meta = document.createElement("span");
-    meta.className = "meta";
-    div.append(body, meta);
-    $("conversation").appendChild(div);
-    div.scrollIntoView({ block: "end" });
-    return div;
-  }
-
-  function refreshButtons() {
-    const open = ws && ws.readyState === WebSocket.OPEN;
-    $("start").disabled = !!mic || !!connecting;
-    $("stop").disabled = !mic;
-    $("cancel").disabled = !open;
-  }
-
-  // ---- audio context -----------------------------------------------------------
-
-  // Must run inside a user gesture (click) so the context may play sound.
-  function ensureContext() {
-    if (!ctx) {
-      ctx = new AudioContext({ latencyHint: "interactive" });
-      if (ctx.sampleRate < 8000 || ctx.sampleRate > 48000) {
-        ctx.close(); // the protocol takes 8–48 kHz
-        ctx = new AudioContext({ latencyHint: "interactive", sampleRate: 48000 });
-      }
-      vp.sampleRate = ctx.sampleRate;
-      player = new window.ReplyPlayer(ctx, PLAYBACK_LEAD_S);
-      workletLoaded = ctx.audioWorklet.addModule("capture-worklet.js");
-    }
-    return ctx.resume();
-  }
-
-  // ---- WebSocket -----------------------------------------------------------------
-
-  function send(obj) {
-    if (!ws || ws.readyState !== WebSocket.OPEN) {
-      log(`not connected: ${obj.type} not sent`, "error");
-      return false;
-    }
-    ws.send(JSON.stringify(obj));
+const conn = new Connection({
+  hello,
+  onEvent,
+  onAudio,
+  onSent: (obj) => {
     vp.sent.push(obj);
     log(`→ ${obj.type}${obj.text ? `: ${obj.text}` : ""}`, "out");
-    return true;
+  },
+  onState,
+});
+
+function setConnection(state, text) {
+  vp.status = text;
+  ui.setConnection(state, text);
+}
+
+// The session.start for a new socket (or for new settings on this one).
+function hello() {
+  const rate = ctx ? ctx.sampleRate : 16000;
+  vp.declared = { type: "session.start", sample_rate: rate, format: "f32", channels: 1,
+                  ...sessionFields(settings, ctx ? ctx.sampleRate : 24000) };
+  return vp.declared;
+}
+
+const key = (rid) => `${vp.sessionId}:${rid}`; // replies are keyed per session: ids restart at 1
+
+// ---- the connection --------------------------------------------------------------------
+
+function micWord() {
+  return { denied: "mic blocked", no_mic: "no microphone", insecure: "no microphone here" }[vp.micError]
+    || "microphone failed";
+}
+
+function showConnected() {
+  const input = vp.declared ? `${vp.declared.sample_rate} Hz ${vp.declared.format}` : "";
+  if (vp.micError) setConnection("warn", `connected · ${micWord()}`);
+  else setConnection("open", `connected · ${input}`);
+}
+
+function onState(state, info) {
+  if (state === "connecting") {
+    setConnection("connecting", "connecting…");
+    vp.degraded = ui.showStatus(null); // a new connection: the server says again if it is degraded
+  } else if (state === "open") {
+    showConnected();
+    ui.hideBanner("gone", "not_ready", "error", "idle", "busy");
+  } else if (state === "retrying") {
+    vp.reconnects.push({ attempt: info.attempt, delayMs: info.delayMs });
+  } else if (state === "closed") {
+    onClosed(info);
   }
+  refresh();
+}
 
-  function connect() {
-    if (ws && ws.readyState === WebSocket.OPEN) return Promise.resolve();
-    if (connecting) return connecting;
-    const url = `${location.protocol === "https:" ? "wss:" : "ws:"}//${location.host}/ws${TOKEN_QUERY}`;
-    setStatus("connecting", "connecting…");
-    showStatus(null); // a new connection: the server says again if it is degraded
-    connecting = new Promise((resolve, reject) => {
-      let opened = false; // false at close: the upgrade itself failed (or was refused)
-      ws = new WebSocket(url);
-      ws.binaryType = "arraybuffer";
-      ws.onopen = () => {
-        opened = true;
-        vp.declared = {
-          type: "session.start",
-          sample_rate: ctx.sampleRate,
-          format: "f32",
-          channels: 1,
-          output_sample_rate: ctx.sampleRate, // play replies without resampling
-        };
-        send(vp.declared);
-      };
-      ws.onmessage = (e) => {
-        if (typeof e.data === "string") {
-          const ev = JSON.parse(e.data);
-          onEvent(ev);
-          if (ev.type === "session.started") resolve();
-          else if (ev.type === "error" && ev.fatal) reject(new Error(ev.message));
-        } else {
-          onAudio(e.data);
-        }
-      };
-      ws.onclose = (e) => {
-        setStatus("closed", `closed (${e.code}${e.reason ? ` ${e.reason}` : ""})`);
-        log(`connection closed: code ${e.code}`, e.code === 1000 ? "" : "error");
-        if (e.code === CLOSE_TRY_AGAIN_LATER) {
-          // the session cap, hit right after the upgrade
-          setStatus("closed", "busy (sessions)");
-          showBusy({ reason: "sessions", retry_after_ms: SESSIONS_RETRY_MS, message: e.reason || "server full" });
-        } else if (!opened) {
-          refusedForSessions().then((busy) => busy && !ws && setStatus("closed", "busy (sessions)"));
-        }
-        reject(new Error(`connection closed (${e.code})`));
-        stopMic();
-        ws = null;
-        activeRid = null;
-        refreshButtons();
-      };
-      ws.onerror = () => log("WebSocket error", "error");
-    }).finally(() => {
-      connecting = null;
-      refreshButtons();
-    });
-    refreshButtons();
-    return connecting;
+function onClosed(info) {
+  log(`connection closed: code ${info.code}${info.reason ? ` ${info.reason}` : ""}`, info.code === 1000 ? "" : "error");
+  if (player) player.stopAll();
+  // what the session left unfinished stays on screen as such
+  for (const tid of [...turns.keys()]) dropEmptyTurn(tid, "not answered: the connection was lost");
+  const v = activeRid === null ? null : views.get(activeRid);
+  if (v) {
+    v.el.classList.add("cancelled");
+    ui.setMeta(v.el, "cut off: the connection was lost");
   }
-
-  // ---- server events -------------------------------------------------------------
-
-  function response(rid) {
-    if (!vp.responses[rid]) {
-      vp.responses[rid] = { userText: "", text: "", frames: 0, samples: 0, done: null, cancelled: false };
+  activeRid = null;
+  userSpeaking = thinking = false;
+  const until = info.retryInMs === null ? null : performance.now() + info.retryInMs;
+  const retry = { until, action: { label: "Reconnect now", run: () => conn.retryNow() } };
+  const refused = info.refused;
+  if (refused && (refused.kind === "token" || refused.kind === "forbidden")) {
+    const hint = refused.status === 401 ? " — open this page as /?token=YOUR_TOKEN" : "";
+    log(`connection refused: HTTP ${refused.status}: ${refused.message}${hint}`, "error");
+    setConnection("closed", refused.status === 401 ? "refused: token needed" : "refused");
+    vp.refused = { status: refused.status, message: refused.message };
+    ui.showBanner(refused.kind);
+  } else if (refused && refused.kind === "sessions") {
+    log(`connection refused (sessions): ${refused.message}`, "error");
+    const ev = { reason: "sessions", retry_after_ms: Math.max(refused.retryMs, info.retryInMs || 0),
+                 message: refused.message || "server full" };
+    if (info.attempt <= 1) busy(ev); // a bubble for the refusal, the banner alone for the retries after it
+    else ui.busyBanner(ev.reason, ev.retry_after_ms);
+    setConnection("closed", "busy (sessions)");
+  } else if (info.fatal === "not_ready") {
+    setConnection("connecting", "server warming up");
+    ui.showBanner("not_ready", { ...retry, countdown: (s) => (s > 0 ? ` Trying again in ${s} s…` : " Trying again…") });
+  } else if (info.fatal === "idle_timeout" || info.reason === "idle") {
+    setConnection("closed", "closed (idle)");
+    ui.showBanner("idle");
+  } else {
+    setConnection("closed", `closed (${info.code}${info.reason ? ` ${info.reason}` : ""})`);
+    if (until !== null) {
+      ui.showBanner("gone", { ...retry, countdown: (s) => (s > 0 ? ` Reconnecting in ${s} s (attempt ${info.attempt})…`
+                                                           : " Reconnecting…") });
+    } else {
+      ui.showBanner("gone", { detail: "Press Start or send a message to reconnect." });
     }
-    return vp.responses[rid];
   }
+  if (until === null) stopMic(); // not coming back on its own; a reconnect keeps the microphone
+}
 
-  function setText(rid, part, text) {
-    const v = views.get(rid);
-    if (v) v.el.querySelector(part).textContent = text;
+// ---- server events -----------------------------------------------------------------
+
+function response(rid) {
+  if (!vp.responses[rid]) {
+    vp.responses[rid] = { userText: "", text: "", frames: 0, samples: 0, playedSamples: 0, done: null,
+                          cancelled: false, reason: null, spokenText: null };
   }
+  return vp.responses[rid];
+}
 
-  function onEvent(ev) {
-    vp.events.push(ev);
-    let r;
-    switch (ev.type) {
-      case "session.started":
-        setStatus("open", `connected · ${ev.input.sample_rate} Hz ${ev.input.format}`);
-        log(`← session.started ${ev.session_id} in ${JSON.stringify(ev.input)} out ${JSON.stringify(ev.output)}`);
-        break;
-      case "speech.started":
-        setSpeech("speech", "speaking");
-        log(`← speech.started at ${ev.audio_ms} ms`);
-        break;
-      case "speech.stopped":
-        setSpeech(mic ? "listening" : "off", mic ? "listening" : "mic off");
-        log(`← speech.stopped at ${ev.audio_ms} ms (${ev.reason})`);
-        break;
-      case "transcript.final":
-        lastUser = { el: bubble("user", ev.text), spoken: true };
-        lastUser.el.querySelector(".meta").textContent = `spoken · ${(ev.audio_ms / 1000).toFixed(1)} s · ${ev.language}`;
-        log(`← transcript.final: ${ev.text}`);
-        break;
-      case "turn.empty":
-        log(`← turn.empty (${ev.reason})`);
-        break;
-      case "response.started":
-        r = response(ev.response_id);
-        r.userText = ev.user_text;
-        views.set(ev.response_id, { el: bubble("assistant", ""), user: lastUser });
-        activeRid = ev.response_id;
-        vp.replyText = "";
-        log(`← response.started #${ev.response_id}`);
-        break;
-      case "response.text.delta":
-        r = response(ev.response_id);
-        r.text += ev.delta;
-        setText(ev.response_id, ".text", r.text);
-        if (ev.response_id === activeRid) vp.replyText = r.text;
-        break;
-      case "response.done": {
-        r = response(ev.response_id);
-        r.done = ev;
-        if (activeRid === ev.response_id) activeRid = null;
-        const t = ev.timings_ms || {};
-        const ms = (k) => (t[k] === undefined ? "–" : `${Math.round(t[k])} ms`);
-        const meta = `${ev.audio_s.toFixed(1)} s audio · ${ev.output_tokens} tokens · asr ${ms("asr")} · ` +
-          `ttft ${ms("llm_ttft")} · tpot ${ms("llm_tpot")} · first audio ${ms("first_audio")} · ` +
-          `voice→voice ${ms("voice_to_voice")}`;
-        setText(ev.response_id, ".meta", meta);
-        if (!r.text && ev.text) setText(ev.response_id, ".text", ev.text); // no deltas came (a stock line)
-        if (ev.text_only && views.has(ev.response_id)) {
-          // no speech: the TTS stage's circuit breaker was open (degraded service)
-          const el = views.get(ev.response_id).el;
-          el.classList.add("text-only");
-          const note = document.createElement("span");
-          note.className = "note";
-          note.textContent = "text only (speech unavailable)";
-          el.querySelector(".text").after(note);
-        }
-        log(`← response.done #${ev.response_id}${ev.text_only ? " (text only)" : ""}: ${meta}`);
-        break;
-      }
-      case "response.cancelled":
-        r = response(ev.response_id);
-        r.cancelled = true;
-        stopReplyAudio(ev.response_id);
-        if (activeRid === ev.response_id) activeRid = null;
-        setText(ev.response_id, ".meta", cancelRequested.has(ev.response_id) ? "cancelled" : "cancelled by a newer turn");
-        if (views.has(ev.response_id)) {
-          const { el, user } = views.get(ev.response_id);
-          el.classList.add("cancelled");
-          // A spoken turn the user went on with: a longer transcript replaces it.
-          if (user && user.spoken && !cancelRequested.has(ev.response_id)) user.el.classList.add("cancelled");
-        }
-        log(`← response.cancelled #${ev.response_id}`);
-        break;
-      case "busy":
-        showBusy(ev);
-        log(`← busy (${ev.reason}): retry in ${ev.retry_after_ms} ms: ${ev.message}`, "error");
-        break;
-      case "server.status":
-        showStatus(ev);
-        log(ev.degraded
-          ? `← server.status degraded: ${(ev.conditions || []).map((c) => `${conditionName(c)} (${c.effect})`).join("; ")}`
-          : "← server.status: back to normal", ev.degraded ? "error" : "");
-        break;
-      case "error":
-        log(`← error ${ev.code}${ev.fatal ? " (fatal)" : ""}: ${ev.message}`, "error");
-        if (ev.fatal) setStatus("error", `error: ${ev.code}`);
-        break;
-      default:
-        log(`← ${ev.type}`);
+function setText(rid, text) {
+  const v = views.get(rid);
+  if (v) v.el.querySelector(".text").textContent = text;
+}
+
+// A new session (not a re-declared one): everything keyed by its ids starts afresh.
+function newSession(id) {
+  vp.sessionId = id;
+  vp.sessions++;
+  vp.responses = {};
+  views = new Map();
+  turns = new Map();
+  cancelRequested = new Set();
+  activeRid = null;
+  userSpeaking = thinking = false;
+  if (player) player.stopAll();
+}
+
+// The bubble of spoken turn `tid` (made when its speech starts; reused when it continues).
+function userTurn(tid) {
+  let t = turns.get(tid);
+  if (!t) {
+    t = { el: ui.bubble("user", ""), spoken: true, final: false, finalText: "", tid };
+    ui.showTranscript(t.el, "", "…", false);
+    t.el.dataset.turn = String(tid);
+    turns.set(tid, t);
+  }
+  return t;
+}
+
+// Speech (again) in turn `t`: its bubble is live until the turn's next transcript.final.
+function resumeTurn(t) {
+  t.final = false;
+  t.el.dataset.final = "false";
+  t.el.classList.add("partial");
+}
+
+// A turn that ended without a (new) transcript (no words, refused): a continued turn shows
+// its words as before; a new one keeps its bubble only if it heard words and `note` says why
+// no reply follows (turn.empty: null, the bubble goes).
+function dropEmptyTurn(tid, note) {
+  const t = turns.get(tid);
+  if (!t || t.final) return;
+  if (t.finalText) {
+    t.final = true;
+    ui.showTranscript(t.el, t.finalText, "", true);
+    return;
+  }
+  const words = t.el.querySelector(".text").textContent.replace(/…$/, "").trim();
+  if (note === null || !words) {
+    t.el.remove();
+    turns.delete(tid);
+    return;
+  }
+  t.final = true;
+  ui.showTranscript(t.el, words, "", true);
+  ui.setMeta(t.el, note);
+}
+
+// The user speaks while a reply plays: a reply already fully sent (the server can no longer
+// stop it) or one of the turn the user is continuing stops now; one still being sent is
+// turned down until the server decides (response.cancelled on a barge-in) or speech ends.
+function userResumed(tid) {
+  if (!player || !player.isPlaying()) return;
+  for (const [rid, v] of views) {
+    const r = vp.responses[rid];
+    if (!player.isPlayingKey(key(rid)) || !r) continue;
+    if (r.done || (v.user && v.user.tid === tid)) {
+      player.stop(key(rid));
+      r.flushed = true;
+      ui.setMeta(v.el, `${v.el.querySelector(".meta").textContent} · stopped: you went on talking`);
+      log(`reply #${rid}: playback stopped (you spoke)`);
+    } else {
+      player.duck(true);
     }
-    refreshButtons();
   }
+}
 
-  // ---- reply audio (played by player.js) --------------------------------------------
-
-  let player = null; // ReplyPlayer, made with the AudioContext
-
-  function onAudio(buf) {
-    vp.audioFramesReceived++;
-    if (buf.byteLength < 6) return;
-    const rid = new DataView(buf).getUint32(0, true);
-    const n = (buf.byteLength - 4) >> 1;
-    const r = response(rid);
-    r.frames++;
-    r.samples += n;
-    vp.audioSamplesReceived += n;
-    const rate = (vp.declared && vp.declared.output_sample_rate) || ctx.sampleRate;
-    const played = r.cancelled ? false : player.play(rid, new Int16Array(buf, 4, n), rate, r.frames === 1);
-    if (!played) vp.audioFramesDropped++;
-    else if (played.underrun) vp.underruns++;
+function onEvent(ev) {
+  vp.events.push(ev);
+  let r;
+  switch (ev.type) {
+    case "session.started":
+      if (ev.session_id !== vp.sessionId) newSession(ev.session_id);
+      log(`← session.started ${ev.session_id} in ${JSON.stringify(ev.input)} out ${JSON.stringify(ev.output)}`);
+      break;
+    case "speech.started":
+      userSpeaking = true;
+      userResumed(ev.turn_id);
+      resumeTurn(userTurn(ev.turn_id));
+      log(`← speech.started turn ${ev.turn_id} at ${ev.audio_ms} ms`);
+      break;
+    case "speech.stopped":
+      userSpeaking = false;
+      if (player) player.duck(false);
+      if (ev.reason !== "restart") thinking = true;
+      log(`← speech.stopped turn ${ev.turn_id} at ${ev.audio_ms} ms (${ev.reason})`);
+      break;
+    case "transcript.partial": {
+      const t = userTurn(ev.turn_id);
+      ui.showTranscript(t.el, ev.committed, ev.unstable, false);
+      log(`← transcript.partial: ${ev.committed} [${ev.unstable}]`);
+      break;
+    }
+    case "transcript.final": {
+      const t = userTurn(ev.turn_id);
+      t.final = true;
+      t.finalText = ev.text;
+      ui.showTranscript(t.el, ev.text, "", true);
+      ui.setMeta(t.el, `spoken · ${(ev.audio_ms / 1000).toFixed(1)} s${ev.language ? ` · ${ev.language}` : ""}`);
+      lastUser = t;
+      log(`← transcript.final: ${ev.text}`);
+      break;
+    }
+    case "turn.empty":
+      thinking = false;
+      dropEmptyTurn(ev.turn_id, null);
+      log(`← turn.empty (${ev.reason})`);
+      break;
+    case "response.started":
+      r = response(ev.response_id);
+      r.userText = ev.user_text;
+      views.set(ev.response_id, { el: ui.bubble("assistant", ""), user: lastUser });
+      if (lastUser && !lastUser.spoken) r.sentAt = lastUser.sentAt;
+      activeRid = ev.response_id;
+      thinking = false;
+      vp.replyText = "";
+      log(`← response.started #${ev.response_id}`);
+      break;
+    case "response.text.delta":
+      r = response(ev.response_id);
+      r.text += ev.delta;
+      if (!r.cancelled) setText(ev.response_id, r.text);
+      if (ev.response_id === activeRid) vp.replyText = r.text;
+      break;
+    case "response.done":
+      onDone(ev);
+      break;
+    case "response.cancelled":
+      onCancelled(ev);
+      break;
+    case "busy":
+      thinking = false;
+      busy(ev);
+      dropEmptyTurn(ev.turn_id, "not answered: the server was busy");
+      log(`← busy (${ev.reason}): retry in ${ev.retry_after_ms} ms: ${ev.message}`, "error");
+      break;
+    case "server.status":
+      vp.degraded = ui.showStatus(ev);
+      log(ev.degraded
+        ? `← server.status degraded: ${(ev.conditions || []).map((c) => `${ui.conditionName(c)} (${c.effect})`).join("; ")}`
+        : "← server.status: back to normal", ev.degraded ? "error" : "");
+      break;
+    case "error":
+      log(`← error ${ev.code}${ev.fatal ? " (fatal)" : ""}: ${ev.message}`, "error");
+      if (!ev.fatal) ui.showBanner("error", { detail: ev.message });
+      else if (ev.code === "internal") ui.showBanner("error", { detail: ev.message });
+      break;
+    default:
+      log(`← ${ev.type}`);
   }
+  refresh();
+}
 
-  function stopReplyAudio(rid) {
-    if (player) player.stop(rid);
+function onDone(ev) {
+  const r = response(ev.response_id);
+  r.done = ev;
+  if (activeRid === ev.response_id) activeRid = null;
+  const v = views.get(ev.response_id);
+  const spoken = !!(v && v.user && v.user.spoken);
+  const replyMs = r.sentAt !== undefined && r.firstAudioAt !== undefined ? r.firstAudioAt - r.sentAt : null;
+  const meta = ui.latencyLine(ev, spoken, replyMs);
+  if (v) {
+    ui.setMeta(v.el, meta);
+    if (!r.text && ev.text) setText(ev.response_id, ev.text); // no deltas came (a stock line)
+    if (ev.text_only) {
+      // no speech: the TTS stage's circuit breaker was open (degraded service)
+      v.el.classList.add("text-only");
+      ui.addNote(v.el, "text only (speech unavailable)");
+    }
   }
+  log(`← response.done #${ev.response_id}${ev.text_only ? " (text only)" : ""}: ${meta}`);
+}
 
-  // ---- microphone ------------------------------------------------------------------
-
-  async function startMic() {
-    await workletLoaded;
-    const stream = await navigator.mediaDevices.getUserMedia({
-      audio: { channelCount: 1, echoCancellation: true, noiseSuppression: true, autoGainControl: true },
-    });
-    const source = ctx.createMediaStreamSource(stream);
-    const node = new AudioWorkletNode(ctx, "capture-processor", {
-      numberOfInputs: 1,
-      numberOfOutputs: 1,
-      outputChannelCount: [1],
-      processorOptions: { batchMs: BATCH_MS },
-    });
-    node.port.onmessage = (e) => {
-      if (e.data instanceof Float32Array) sendAudio(e.data);
-      else if (e.data && e.data.flushed && mic && mic.onFlushed) mic.onFlushed();
-    };
-    source.connect(node);
-    node.connect(ctx.destination); // silent output; keeps the node pulled by the graph
-    mic = { stream, source, node, onFlushed: null };
-    vp.micActive = true;
-    setSpeech("listening", "listening");
-    log(`microphone on (${ctx.sampleRate} Hz, ${BATCH_MS} ms messages)`);
+function onCancelled(ev) {
+  const r = response(ev.response_id);
+  r.cancelled = true;
+  r.reason = ev.reason;
+  r.spokenText = ev.spoken_text;
+  if (player) player.stop(key(ev.response_id));
+  if (activeRid === ev.response_id) activeRid = null;
+  const v = views.get(ev.response_id);
+  if (v) {
+    if (ev.reason === "continued" && !ev.spoken_text.trim()) {
+      v.el.remove(); // a reply to half a sentence that never spoke: the turn goes on in its bubble
+    } else {
+      ui.showCancelled(v.el, ev.spoken_text, ev.reason);
+    }
   }
+  log(`← response.cancelled #${ev.response_id} (${ev.reason}); spoken: ${JSON.stringify(ev.spoken_text)}`);
+}
 
-  function sendAudio(samples) {
-    if (!ws || ws.readyState !== WebSocket.OPEN) return;
-    ws.send(samples.buffer); // Float32Array: little-endian f32 on every browser platform
-    vp.audioFramesSent++;
-    vp.samplesSent += samples.length;
-  }
+function busy(ev) {
+  vp.busy.push({ reason: ev.reason || "unknown", retry_after_ms: Math.max(0, Number(ev.retry_after_ms) || 0),
+                 message: ev.message || "" });
+  ui.showBusy(ev);
+}
 
-  // Sends the partial batch still in the worklet; resolves when it has been sent.
-  function flushMic() {
-    if (!mic) return Promise.resolve();
-    return new Promise((resolve) => {
-      const timer = setTimeout(resolve, 300);
-      mic.onFlushed = () => {
-        clearTimeout(timer);
-        resolve();
-      };
-      mic.node.port.postMessage({ cmd: "flush" });
-    });
-  }
+// ---- reply audio -----------------------------------------------------------------------
 
-  function stopMic() {
-    if (!mic) return;
-    mic.stream.getTracks().forEach((t) => t.stop());
-    mic.source.disconnect();
-    mic.node.port.onmessage = null;
-    mic.node.disconnect();
-    mic = null;
-    vp.micActive = false;
-    setSpeech("off", "mic off");
-  }
+function onAudio(buf) {
+  vp.audioFramesReceived++;
+  if (buf.byteLength < 6) return;
+  const rid = new DataView(buf).getUint32(0, true);
+  const n = (buf.byteLength - 4) >> 1;
+  const r = response(rid);
+  r.frames++;
+  r.samples += n;
+  if (r.firstAudioAt === undefined) r.firstAudioAt = performance.now();
+  vp.audioSamplesReceived += n;
+  const rate = (vp.declared && vp.declared.output_sample_rate) || 24000;
+  const played = r.cancelled || r.flushed || !player ? false : player.play(key(rid), new Int16Array(buf, 4, n), rate,
+                                                                          r.frames === 1);
+  if (!played) vp.audioFramesDropped++;
+  else if (played.underrun) vp.underruns++;
+}
 
-  // ---- buttons ---------------------------------------------------------------------
+// ---- audio context and microphone --------------------------------------------------------
 
-  $("start").onclick = async () => {
-    $("start").disabled = true;
+// Must run inside a user gesture (a click) so the context may play sound.
+function ensureContext() {
+  if (!ctx) {
     try {
-      const resumed = ensureContext();
-      await connect();
-      await resumed;
-      if (!mic) await startMic();
+      ctx = makeContext();
     } catch (err) {
-      log(`could not start: ${err.message || err}`, "error");
+      log(`no audio: ${err.message || err}`, "error");
     }
-    refreshButtons();
-  };
+    if (!ctx) return Promise.resolve();
+    vp.sampleRate = ctx.sampleRate;
+    player = new ReplyPlayer(ctx);
+  }
+  return ctx.resume();
+}
 
-  $("stop").onclick = async () => {
-    if (!mic) return;
-    await flushMic();
-    stopMic();
-    send({ type: "input.end" }); // the turn ends now; the socket stays open for the reply
-    refreshButtons();
-  };
+async function startMic() {
+  if (!ctx) throw Object.assign(new Error("this browser has no Web Audio"), { name: "NoMic" });
+  mic = await Mic.open(ctx, BATCH_MS, sendAudio);
+  vp.micActive = true;
+  vp.micError = null;
+  vp.micKind = mic.kind;
+  ui.hideBanner("denied", "no_mic", "mic_busy", "insecure", "mic_failed");
+  if (conn.open) showConnected();
+  log(`microphone on (${ctx.sampleRate} Hz, ${BATCH_MS} ms messages, ${mic.kind})`);
+}
 
-  $("cancel").onclick = () => {
-    // Silence everything now; the server confirms with response.cancelled.
+function micFailed(err) {
+  vp.micError = micErrorKind(err);
+  log(`microphone: ${err.name || "error"}: ${err.message || err}`, "error");
+  ui.showBanner(vp.micError);
+  if (conn.open) showConnected();
+}
+
+function sendAudio(samples) {
+  if (settings.pushToTalk && !talking) return; // push-to-talk: only while the button is held
+  if (!conn.sendBinary(samples.buffer)) return; // Float32Array: little-endian f32 on every browser platform
+  vp.audioFramesSent++;
+  vp.samplesSent += samples.length;
+}
+
+function stopMic() {
+  if (!mic) return;
+  mic.close();
+  mic = null;
+  talking = false;
+  vp.micActive = false;
+}
+
+// ---- state, meters, buttons ---------------------------------------------------------------
+
+function conversationState() {
+  const playing = !!player && player.isPlaying();
+  if (userSpeaking || talking) return "user";
+  if (playing) return "speaking";
+  if (thinking || activeRid !== null) return "thinking";
+  if (mic) return conn.open ? "listening" : "waiting";
+  return "off";
+}
+
+function refresh() {
+  vp.state = conversationState();
+  ui.setState(vp.state);
+  const playing = !!player && player.isPlaying();
+  $("start").disabled = !!mic || !!conn.pending;
+  $("stop").disabled = !mic;
+  $("cancel").disabled = activeRid === null && !playing;
+  $("talk").hidden = !(settings.pushToTalk && mic);
+  ui.setOutputActive(playing);
+}
+
+function tick() {
+  refresh();
+  ui.showLevels(mic ? mic.level() : 0, player ? player.level() : 0);
+  if (player) {
+    vp.playback = { ...player.stats, playing: player.isPlaying() };
+    for (const rid of Object.keys(vp.responses)) vp.responses[rid].playedSamples = player.played.get(key(rid)) || 0;
+  }
+}
+
+$("start").onclick = async () => {
+  $("start").disabled = true;
+  const resumed = ensureContext();
+  try {
+    await conn.connect();
+  } catch (err) {
+    log(`could not connect: ${err.message || err}`, "error");
+  }
+  try {
+    await resumed;
+    if (!mic) await startMic();
+  } catch (err) {
+    micFailed(err);
+  }
+  refresh();
+};
+
+$("stop").onclick = async () => {
+  if (!mic) return;
+  await mic.flush();
+  stopMic();
+  conn.send({ type: "input.end" }); // the turn ends now; the socket stays open for the reply
+  refresh();
+};
+
+$("cancel").onclick = () => {
+  // Silence everything now; the server confirms with response.cancelled.
+  if (player) player.stopAll();
+  if (activeRid !== null) cancelRequested.add(activeRid);
+  conn.send({ type: "response.cancel" });
+  refresh();
+};
+
+// Push-to-talk: audio goes out while the button is held; letting go ends the turn.
+function talk(on) {
+  if (!mic || talking === on) return;
+  talking = on;
+  if (on) {
     if (player) player.stopAll();
-    if (activeRid !== null) {
-      cancelRequested.add(activeRid);
-      stopReplyAudio(activeRid);
-    }
-    send({ type: "response.cancel" });
-  };
+  } else {
+    mic.flush().then(() => conn.send({ type: "input.end" }));
+  }
+  refresh();
+}
+$("talk").onpointerdown = (e) => {
+  e.preventDefault();
+  talk(true);
+};
+$("talk").onpointerup = $("talk").onpointerleave = () => talk(false);
+$("talk").onkeydown = (e) => (e.key === " " || e.key === "Enter") && !e.repeat && talk(true);
+$("talk").onkeyup = (e) => (e.key === " " || e.key === "Enter") && talk(false);
 
-  $("text-form").onsubmit = async (e) => {
-    e.preventDefault();
-    const text = $("text").value.trim();
-    if (!text) return;
-    try {
-      ensureContext();
-      await connect();
-    } catch (err) {
-      log(`could not connect: ${err.message || err}`, "error");
-      return;
-    }
-    if (send({ type: "text.input", text })) {
-      lastUser = { el: bubble("user", text), spoken: false };
-      lastUser.el.querySelector(".meta").textContent = "typed";
-      $("text").value = "";
-    }
-  };
+$("text-form").onsubmit = async (e) => {
+  e.preventDefault();
+  const text = $("text").value.trim();
+  if (!text) return;
+  try {
+    ensureContext();
+    await conn.connect();
+  } catch (err) {
+    log(`could not connect: ${err.message || err}`, "error");
+    return;
+  }
+  const sentAt = performance.now();
+  if (conn.send({ type: "text.input", text })) {
+    lastUser = { el: ui.bubble("user", text), spoken: false, sentAt };
+    ui.setMeta(lastUser.el, "typed");
+    thinking = true;
+    $("text").value = "";
+  } else {
+    log("not connected: text.input not sent", "error");
+  }
+  refresh();
+};
 
-  refreshButtons();
-})();
+bindSettingsForm(settings, () => {
+  // a session already open takes the new settings now (a new session.start re-declares it)
+  if (conn.open) conn.send(hello());
+  refresh();
+});
+
+// the event log is folded on a small screen
+const wide = window.matchMedia("(min-width: 700px)");
+$("log-box").open = wide.matches;
+wide.onchange = () => ($("log-box").open = wide.matches);
+setInterval(tick, TICK_MS);
+refresh();

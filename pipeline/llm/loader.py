@@ -102,33 +102,62 @@ def llm_folder(name: str) -> Path:
     return dest
 
 
-DEVICES = ("auto", "cpu", "cpu-fp32", "cpu-int8", "cuda")
-"""``--device`` choices: ``cpu`` is bf16; ``cpu-int8`` is int8 dynamic quantization of
-the linear layers (``torch.ao.quantization.quantize_dynamic``, fp32 activations)."""
+DEVICES = ("auto", "cpu", "cpu-fp32", "cpu-int4", "cpu-int8", "cuda")
+"""``--device`` choices: ``cpu`` is bf16; ``cpu-int4`` / ``cpu-int8`` are weight-only
+quantized linear layers (group-wise int4 / per-channel int8, bf16 activations and KV,
+:mod:`pipeline.llm.runner.quant_linear`) for decode steps of a few rows, with a bf16 copy
+for prefill and wide batches; the embedding stays bf16."""
+
+QUANT_DEVICES = {"cpu-int4": "int4", "cpu-int8": "int8"}
+"""``--device`` values that quantize the linear layers, and the quantization they use."""
 
 
 def pick_device(device: str = "auto") -> tuple[Any, Any]:
     """(device, dtype): CUDA bf16 when available, else CPU bf16 when the CPU runs bf16
     natively (oneDNN AVX-512 BF16 / AMX), else CPU fp32; ``cpu`` is always bf16;
-    ``cpu-fp32`` and ``cpu-int8`` load fp32 weights (int8 is applied after loading)."""
+    ``cpu-fp32`` loads fp32 weights; ``cpu-int4`` and ``cpu-int8`` load bf16 weights
+    (quantized after loading)."""
     import torch
 
     if device == "auto":
         from pipeline.llm.runner.cpu_linear import packing_supported
 
         device = "cuda" if torch.cuda.is_available() else "cpu" if packing_supported() else "cpu-fp32"
-    if device in ("cpu-fp32", "cpu-int8"):
+    if device == "cpu-fp32":
         return torch.device("cpu"), torch.float32
+    if device in QUANT_DEVICES:
+        return torch.device("cpu"), torch.bfloat16
     return torch.device(device), torch.bfloat16
 
 
-def load_llm(name: str, *, device: str = "auto", threads: int | None = None) -> LoadedLLM:
+def load_tokenizer(path: str) -> Any:
+    """A local Hugging Face tokenizer folder (``tokenizer.json``/``tokenizer_config.json``,
+    e.g. a model's folder), read offline (``local_files_only``): ``--tokenizer PATH``.
+
+    Raises:
+        FileNotFoundError: ``path`` is not a folder.
+        ValueError: the folder holds no tokenizer transformers can load.
+    """
+    from transformers import AutoTokenizer
+
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"--tokenizer {path}: not a folder (give a local Hugging Face tokenizer folder)")
+    try:
+        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ValueError(f"--tokenizer {path}: no tokenizer could be loaded from it ({exc})") from None
+
+
+def load_llm(name: str, *, device: str = "auto", threads: int | None = None,
+             quant_head: bool | None = None) -> LoadedLLM:
     """Load the chat model ``name`` (see :func:`llm_folder`) for inference.
 
     Args:
         name: ``qwen``, ``smollm2`` or a local folder.
         device: one of :data:`DEVICES` or ``cuda:N``.
         threads: torch intra-op threads on CPU (DESIGN.md: give each engine a budget).
+        quant_head: with ``cpu-int4``/``cpu-int8``, quantize the LM head too (None: when
+            it is not tied to the input embedding, :func:`~pipeline.llm.runner.quant_linear.quantize_linears`).
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -139,10 +168,11 @@ def load_llm(name: str, *, device: str = "auto", threads: int | None = None) -> 
     dev, dtype = pick_device(device)
     tok = AutoTokenizer.from_pretrained(str(folder))
     model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype).to(dev).eval()
-    if device == "cpu-int8":
-        model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
-        dtype = torch.qint8
-    elif dev.type == "cpu" and dtype == torch.bfloat16:
+    if device in QUANT_DEVICES:
+        from pipeline.llm.runner.quant_linear import quantize_linears
+
+        logger.info("%s", quantize_linears(model, QUANT_DEVICES[device], lm_head=quant_head))
+    if dev.type == "cpu" and dtype == torch.bfloat16:
         from pipeline.llm.runner.cpu_linear import pack_linears
 
         logger.info("pre-packed %d bf16 linear layers for oneDNN", pack_linears(model))

@@ -155,3 +155,67 @@ class StepPlan:
     @property
     def empty(self) -> bool:
         return not (self.prefill or self.decode or self.evict)
+
+
+OPENAI_PREFIX = "openai:"
+"""``--llm openai:URL[#model]``: the LLM is a remote OpenAI-compatible server."""
+
+
+class RemoteLlmError(RuntimeError):
+    """A remote LLM server (``--llm openai:URL``) failed a request that had started: it
+    could not be reached (connection refused or reset), did not answer within the timeout,
+    or answered with an HTTP error. A stream raises it from iteration; the session reports
+    an ``error`` event (``reply_failed``) and the LLM breaker counts it."""
+
+
+class RemoteLlmUnavailable(RuntimeError):
+    """At start-up, the remote LLM server could not be reached or named no model: the
+    server does not start (``voxpipe serve`` prints the message and exits with status 2)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteLlmSpec:
+    """Where a remote OpenAI-compatible LLM is: ``--llm openai:URL[#model]``.
+
+    Attributes:
+        base_url: the API root, e.g. ``http://127.0.0.1:8000/v1`` (what the ``openai``
+            client calls ``base_url``: ``/chat/completions`` and ``/models`` are under it).
+        model: the model name sent with every request; None: the first one ``GET /models``
+            lists at start-up.
+    """
+
+    base_url: str
+    model: str | None = None
+
+    @staticmethod
+    def is_remote(name: str) -> bool:
+        """Whether an ``--llm`` value names a remote server (``openai:...``)."""
+        return name.strip().startswith(OPENAI_PREFIX)
+
+    @classmethod
+    def parse(cls, text: str) -> RemoteLlmSpec:
+        """Parse ``openai:URL[#model]``: URL is ``http(s)://HOST[:PORT][/PATH]``.
+
+        Raises:
+            ValueError: not ``openai:``, a scheme other than http/https, no host, a bad
+                port, a query string, or an empty model after ``#``.
+        """
+        from urllib.parse import urlsplit
+
+        text = text.strip()
+        if not text.startswith(OPENAI_PREFIX):
+            raise ValueError(f"--llm {text!r}: a remote LLM is openai:URL[#model]")
+        url, hashed, model = text[len(OPENAI_PREFIX):].partition("#")
+        hint = "expected openai:http(s)://HOST[:PORT]/v1[#MODEL], e.g. openai:http://127.0.0.1:8000/v1"
+        try:
+            parts = urlsplit(url)
+            parts.port  # noqa: B018 - raises ValueError for a port that is not a number in 0..65535
+        except ValueError as exc:
+            raise ValueError(f"--llm {text!r}: bad URL ({exc}); {hint}") from None
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"--llm {text!r}: bad URL (need http:// or https:// and a host); {hint}")
+        if parts.query:
+            raise ValueError(f"--llm {text!r}: bad URL (no query string: the API root only); {hint}")
+        if hashed and not model.strip():
+            raise ValueError(f"--llm {text!r}: empty model name after '#'; {hint}")
+        return cls(base_url=url.rstrip("/"), model=model.strip() or None)

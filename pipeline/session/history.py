@@ -1,10 +1,13 @@
-"""Chat history kept under a token budget (sliding window; the system prompt stays)."""
+"""Chat history kept under a token budget (sliding window; the system prompt and the example
+exchanges stay)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 Counter = Callable[[list[dict]], int]
+Exchange = tuple[str, str]
+"""One (user, assistant) exchange."""
 
 
 class ChatHistory:
@@ -12,6 +15,10 @@ class ChatHistory:
 
     Args:
         system_prompt: always the first message.
+        examples: example (user, assistant) exchanges placed right after the system prompt,
+            before the conversation (few-shot framing, :data:`pipeline.config.LlmConfig.examples`);
+            they stay like the system prompt, and are left out only of a request whose system
+            prompt and user text alone are over the budget.
         slide_to: when the prompt outgrows the budget, the oldest turns are dropped until it
             fits in this fraction of it (0.75), not just under it.
 
@@ -28,10 +35,11 @@ class ChatHistory:
     on average about an eighth of the budget less history is kept.
     """
 
-    def __init__(self, system_prompt: str, *, slide_to: float = 0.75) -> None:
+    def __init__(self, system_prompt: str, *, examples: Sequence[Exchange] = (), slide_to: float = 0.75) -> None:
         if not 0.0 < slide_to <= 1.0:
             raise ValueError("slide_to must be in (0, 1]")
         self.system_prompt = system_prompt
+        self.examples = tuple(examples)
         self.slide_to = slide_to
         self.turns: list[tuple[str, str]] = []
 
@@ -45,10 +53,11 @@ class ChatHistory:
         self.turns.append((user, assistant))
 
     def messages(self, user_text: str, turns: list[tuple[str, str]] | None = None, *,
-                 system: str | None = None) -> list[dict]:
-        """Chat messages: system, past turns, then ``user_text``."""
+                 system: str | None = None, examples: bool = True) -> list[dict]:
+        """Chat messages: system, the example exchanges (unless ``examples`` is False), past
+        turns, then ``user_text``."""
         msgs = [{"role": "system", "content": self.system_prompt if system is None else system}]
-        for u, a in self.turns if turns is None else turns:
+        for u, a in (*(self.examples if examples else ()), *(self.turns if turns is None else turns)):
             msgs.append({"role": "user", "content": u})
             if a:
                 msgs.append({"role": "assistant", "content": a})
@@ -61,7 +70,8 @@ class ChatHistory:
         1. If the prompt is over ``budget``, the oldest turns are dropped until it fits
            in ``slide_to`` × ``budget`` (see the class docstring); dropped turns are
            forgotten for good, so each request costs one count per drop.
-        2. If the system prompt and ``user_text`` alone are over budget, they are cut
+        2. If the system prompt, the examples and ``user_text`` alone are over budget, the
+           examples are left out and the system prompt and ``user_text`` are cut
            for this request only: a system prompt keeps its *beginning* (the
            instructions) and may use up to half the budget, or more when the user text
            is short; the user text keeps its *end* (the most recent words, which a
@@ -76,18 +86,22 @@ class ChatHistory:
         if count_tokens(msgs) <= budget:
             return msgs
         system = self.system_prompt
-        bare = count_tokens(self.messages("", system=""))  # template overhead
-        user_cost = count_tokens(self.messages(user_text, system="")) - bare
+
+        def alone(user: str, sys: str) -> list[dict]:  # no turns, no examples
+            return self.messages(user, [], system=sys, examples=False)
+
+        bare = count_tokens(alone("", ""))  # template overhead
+        user_cost = count_tokens(alone(user_text, "")) - bare
         sys_limit = max(budget - user_cost, budget // 2)
-        if count_tokens(self.messages("", system=system)) > sys_limit:
-            fits = lambda k: count_tokens(self.messages("", system=system[:k])) <= sys_limit  # noqa: E731
+        if count_tokens(alone("", system)) > sys_limit:
+            fits = lambda k: count_tokens(alone("", system[:k])) <= sys_limit  # noqa: E731
             system = system[: _longest(len(system), fits)]
-        fits = lambda k: count_tokens(self.messages(user_text[len(user_text) - k :], system=system)) <= budget  # noqa: E731
+        fits = lambda k: count_tokens(alone(user_text[len(user_text) - k :], system)) <= budget  # noqa: E731
         tail = user_text[len(user_text) - _longest(len(user_text), fits) :]
         if tail == user_text:
-            return self.messages(tail, system=system)
-        msgs = self.messages(_word_start(tail), system=system)
-        return msgs if count_tokens(msgs) <= budget else self.messages(tail, system=system)
+            return alone(tail, system)
+        msgs = alone(_word_start(tail), system)
+        return msgs if count_tokens(msgs) <= budget else alone(tail, system)
 
 
 def _longest(n: int, fits: Callable[[int], bool]) -> int:

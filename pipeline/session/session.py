@@ -69,7 +69,7 @@ class Session:
         self.fmt: PcmFormat | None = None
         self.output_rate = 24000
         self.language: str | None = None
-        self.history = ChatHistory(cfg.llm.system_prompt)
+        self.history = ChatHistory(cfg.llm.system_prompt, examples=cfg.llm.examples)
         self._decoder: PcmDecoder | None = None
         self._tracker = TurnTracker(cfg.turn, AllSpeech())  # replaced by session.start
         self._turn_task: asyncio.Task | None = None  # final ASR of the latest turn, then its reply

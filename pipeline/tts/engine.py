@@ -1,5 +1,7 @@
-"""Piper TTS behind a worker: phrase text → float32 audio at the voice's rate
-(the voice is loaded by :func:`pipeline.tts.loader.load_voice`)."""
+"""TTS behind a worker: phrase text → float32 audio at the voice's rate. :class:`PhraseEngine`
+is the stage's contract; :class:`TtsEngine` speaks with Piper (the voice is loaded by
+:func:`pipeline.tts.loader.load_voice`), :class:`pipeline.tts.coqui.CoquiTtsEngine` with a
+Coqui TTS model."""
 
 from __future__ import annotations
 
@@ -18,20 +20,25 @@ from pipeline.worker import BatchWorker
 logger = logging.getLogger(__name__)
 
 
-class TtsEngine(BatchWorker[str, Speech]):
-    """The process-wide TTS stage: phrase jobs from every session, one voice shared by a
-    pool of ``cfg.workers`` threads (onnxruntime sessions are safe to run concurrently).
-    Each session awaits its phrases one by one, so its audio stays in order.
+class PhraseEngine(BatchWorker[str, Speech]):
+    """The process-wide TTS stage: phrase jobs from every session, one model shared by a
+    pool of ``cfg.workers`` threads. Each session awaits its phrases one by one, so its
+    audio stays in order, and a cancelled reply submits no further phrase. Subclasses
+    implement :meth:`synthesize` (called in the worker threads, never on the event loop).
 
     Args:
-        voice: a ``piper.PiperVoice``.
         cfg: see :class:`TtsConfig`.
     """
 
-    def __init__(self, voice, cfg: TtsConfig) -> None:
+    sample_rate: int
+    """The model's output rate (Hz)."""
+
+    def __init__(self, cfg: TtsConfig) -> None:
         super().__init__("tts", queue_size=cfg.queue_size, max_batch_size=1, workers=cfg.workers)
-        self.voice = voice
-        self.sample_rate = int(voice.config.sample_rate)
+
+    def synthesize(self, text: str) -> Speech:
+        """Speak one phrase: float32 audio, shape (n,), at :attr:`sample_rate`."""
+        raise NotImplementedError
 
     def process_batch(self, items: list[str]) -> list[Speech | BaseException]:
         out: list[Speech | BaseException] = []
@@ -44,6 +51,21 @@ class TtsEngine(BatchWorker[str, Speech]):
                 logger.warning("tts failed on %r: %s", text, exc)
                 out.append(exc)
         return out
+
+
+class TtsEngine(PhraseEngine):
+    """Piper: one voice shared by ``cfg.workers`` threads (onnxruntime sessions are safe to
+    run concurrently).
+
+    Args:
+        voice: a ``piper.PiperVoice``.
+        cfg: see :class:`TtsConfig`.
+    """
+
+    def __init__(self, voice, cfg: TtsConfig) -> None:
+        super().__init__(cfg)
+        self.voice = voice
+        self.sample_rate = int(voice.config.sample_rate)
 
     def synthesize(self, text: str) -> Speech:
         """Speak ``text`` after :func:`verbalize` (units, money, numbers as words) and

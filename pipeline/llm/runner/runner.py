@@ -107,8 +107,10 @@ class ModelRunner:
 
     @property
     def weight_bytes(self) -> int:
-        """Bytes the model's weights take: parameters and buffers, oneDNN-packed bf16
-        linears (``PackedLinear.packed``) and int8 dynamic linears' packed weights."""
+        """Bytes the model's weights take: parameters and buffers (the int4/int8 weights,
+        scales and biases of ``QuantLinear``), oneDNN-packed bf16 linears
+        (``PackedLinear.packed``, also a ``QuantLinear``'s bf16 copy) and int8 dynamic linears'
+        packed weights."""
         total, seen = 0, set()
 
         def add(t) -> None:

@@ -1,0 +1,265 @@
+"""Echo handling for ``voxpipe mic``: keep the assistant's own voice, played by the speaker
+and picked up by the microphone, from reaching the server as the user's speech.
+
+Modes (``voxpipe mic --echo``):
+
+- ``aec``: acoustic echo cancellation — WebRTC's AEC3 (the echo canceller browsers use behind
+  ``getUserMedia``), through the ``livekit`` package's ``rtc.AudioProcessingModule``. The
+  reference is what the speaker really played (every output block, silence included),
+  resampled to 16 kHz; the canceller subtracts its estimated echo from each microphone frame.
+  Full duplex once it has learned the room: the user can talk over the reply at any level;
+  until then (and whenever its measured echo reduction drops) the half-duplex gate below
+  guards its output (:class:`GuardedCanceller`). Install with ``pip install "voxpipe[mic]"``.
+- ``half-duplex``: while the assistant's audio plays, and for :data:`TAIL_S` after (the
+  room's reverberation and the devices' latency), microphone frames are sent as silence
+  unless the near-end voice is clearly louder than the echo the playback can cause: a frame
+  whose RMS is over the loudest recent playback block's RMS by ``barge_in_db`` (default
+  :data:`BARGE_IN_DB`, 6 dB) passes, and the gate stays open :data:`HOLD_S` after it (so a
+  barge-in's words are not chopped). The echo is assumed as loud at the microphone as the
+  playback signal itself (0 dB coupling: a loud speaker next to the microphone), the worst
+  case; a quieter speaker only makes the margin larger.
+- ``auto`` (default): ``aec`` when ``livekit`` is installed, else ``half-duplex``.
+- ``off``: the microphone as it is (headphones).
+
+Thread model: :meth:`far` runs on the speaker's audio thread, :meth:`near` on the
+microphone's; each echo control locks its own state.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from typing import Protocol
+
+import numpy as np
+
+RATE = 16000
+"""Microphone rate (Hz) of every echo control."""
+MODES = ("auto", "aec", "half-duplex", "off")
+TAIL_S = 0.3
+"""Half-duplex: how long after the last loud playback block the gate stays shut (s)."""
+BARGE_IN_DB = 6.0
+"""Half-duplex: a microphone frame this much louder (RMS, dB) than the loudest playback block
+of the last ``TAIL_S`` + latency passes as the user's voice."""
+HOLD_S = 0.5
+"""Half-duplex: the gate stays open this long after a frame passed."""
+SILENT_DBFS = -50.0
+"""Playback quieter than this (RMS, dBFS) is silence: it cannot cause an echo worth gating."""
+APM_FRAME = RATE // 100
+"""WebRTC's audio processing works on 10 ms frames."""
+ERLE_FRAMES, MIN_FRAMES = 150, 25
+"""``aec``: the echo reduction is judged over the last 150 microphone frames heard during
+playback (3 s), and not before 25 of them (0.5 s)."""
+ERLE_QUANTILE, CONVERGED_DB = 0.9, 15.0
+"""``aec``: the canceller has learned the room (converged) when a tenth of those frames or
+more had their echo reduced by 15 dB or more: a converged WebRTC AEC3 takes 25-70 dB out of
+a speech echo, one still learning a few dB. A high quantile, not the median: while the user
+talks over the reply, frames that hold their voice show little reduction (it is not echo),
+but the gaps between their words still show the canceller at work."""
+
+
+class EchoControl(Protocol):
+    """What the mic client needs from an echo control."""
+
+    description: str
+
+    def far(self, block: np.ndarray) -> None:
+        """A block the speaker just played (int16, shape (n,), at the output rate)."""
+
+    def near(self, frame: np.ndarray) -> np.ndarray:
+        """A microphone frame (int16, shape (n,), 16 kHz) → the frame to send (same shape)."""
+        ...
+
+
+class EchoUnavailable(RuntimeError):
+    """``--echo aec`` without the ``livekit`` package (``pip install "voxpipe[mic]"``)."""
+
+
+def _rms(x: np.ndarray) -> float:
+    """RMS of int16 samples, as a fraction of full scale."""
+    if len(x) == 0:
+        return 0.0
+    return float(np.sqrt(np.mean(np.square(x.astype(np.float32) / 32768.0))))
+
+
+class NoEchoControl:
+    """``--echo off``: the microphone as it is."""
+
+    description = "off — the microphone is sent as it is (use headphones)"
+
+    def far(self, block: np.ndarray) -> None:
+        pass
+
+    def near(self, frame: np.ndarray) -> np.ndarray:
+        return frame
+
+
+class HalfDuplexGate:
+    """``--echo half-duplex`` (see the module docstring).
+
+    Args:
+        latency_s: the speaker's plus the microphone's stream latency (s): added to
+            :data:`TAIL_S`, the span of playback that can still be heard.
+        barge_in_db: the margin (dB) a frame needs over the expected echo to pass.
+        clock: seconds, monotonic (tests pass their own).
+    """
+
+    def __init__(self, latency_s: float = 0.0, barge_in_db: float = BARGE_IN_DB, clock=time.monotonic) -> None:
+        self.window_s = TAIL_S + max(0.0, latency_s)
+        self.ratio = 10 ** (barge_in_db / 20)
+        self.description = (f"half-duplex — the microphone is muted while the reply plays (+{TAIL_S * 1000:.0f} ms), "
+                            f"except a voice {barge_in_db:g} dB louder than the speaker")
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._blocks: collections.deque[tuple[float, float]] = collections.deque()  # (time, rms)
+        self._open_until = 0.0
+        self.gated_frames = 0
+
+    def far(self, block: np.ndarray) -> None:
+        level = _rms(block)
+        if 20 * np.log10(max(level, 1e-9)) < SILENT_DBFS:
+            return
+        now = self._clock()
+        with self._lock:
+            self._blocks.append((now, level))
+
+    def expected_echo(self) -> float:
+        """The loudest playback block's RMS within the window (0.0: nothing is playing)."""
+        now = self._clock()
+        with self._lock:
+            while self._blocks and self._blocks[0][0] < now - self.window_s:
+                self._blocks.popleft()
+            return max((lv for _, lv in self._blocks), default=0.0)
+
+    def near(self, frame: np.ndarray) -> np.ndarray:
+        echo = self.expected_echo()
+        now = self._clock()
+        if echo == 0.0 or now < self._open_until:
+            return frame
+        if _rms(frame) > echo * self.ratio:
+            self._open_until = now + HOLD_S
+            return frame
+        self.gated_frames += 1
+        return np.zeros_like(frame)
+
+
+class WebRtcEchoCanceller:
+    """``--echo aec``: WebRTC AEC3 via ``livekit.rtc.AudioProcessingModule`` (see the module
+    docstring).
+
+    Args:
+        out_rate: the speaker's sample rate (Hz); its blocks are resampled to 16 kHz (soxr).
+        delay_ms: the devices' latency (output + input, ms): WebRTC's ``set_stream_delay_ms``
+            hint; AEC3 estimates the true echo delay itself.
+
+    Raises:
+        EchoUnavailable: ``livekit`` is not installed.
+    """
+
+    description = "echo cancellation — WebRTC AEC3 removes the speaker's audio from the microphone"
+
+    def __init__(self, out_rate: int, delay_ms: int = 0) -> None:
+        try:
+            from livekit import rtc
+        except ImportError:
+            raise EchoUnavailable('--echo aec needs the livekit package: pip install "voxpipe[mic]"') from None
+        import soxr
+
+        self._rtc = rtc
+        self._apm = rtc.AudioProcessingModule(echo_cancellation=True, noise_suppression=False,
+                                              high_pass_filter=True, auto_gain_control=False)
+        self._delay_ms = max(0, int(delay_ms))
+        self._resample = soxr.ResampleStream(out_rate, RATE, 1, dtype="int16")
+        self._lock = threading.Lock()
+        self._far = np.zeros(0, np.int16)
+
+    def far(self, block: np.ndarray) -> None:
+        at16 = self._resample.resample_chunk(np.ascontiguousarray(block, dtype=np.int16))
+        with self._lock:
+            self._far = np.concatenate([self._far, at16])[-RATE:]  # at most 1 s waits for the microphone
+
+    def near(self, frame: np.ndarray) -> np.ndarray:
+        rtc = self._rtc
+        with self._lock:
+            k = len(self._far) // APM_FRAME * APM_FRAME
+            far, self._far = self._far[:k], self._far[k:]
+        for i in range(0, k, APM_FRAME):
+            self._apm.process_reverse_stream(rtc.AudioFrame(far[i : i + APM_FRAME].tobytes(), RATE, 1, APM_FRAME))
+        out = np.array(frame, dtype=np.int16)
+        for i in range(0, len(out) - APM_FRAME + 1, APM_FRAME):
+            f = rtc.AudioFrame(out[i : i + APM_FRAME].tobytes(), RATE, 1, APM_FRAME)
+            self._apm.set_stream_delay_ms(self._delay_ms)
+            self._apm.process_stream(f)
+            out[i : i + APM_FRAME] = np.frombuffer(f.data, dtype=np.int16)
+        return out
+
+
+class GuardedCanceller:
+    """``--echo aec``: the WebRTC canceller, guarded by the half-duplex gate until it works.
+
+    An adaptive canceller needs a second or two of playback to learn the room, and has to
+    learn again when the echo's delay moves (a busy machine's audio underruns): meanwhile
+    its output still holds the echo, which the server would hear as the user. So while the
+    reply plays, each frame's echo reduction (microphone RMS over the canceller's output RMS,
+    dB) is measured; while its :data:`ERLE_QUANTILE` quantile over the last :data:`ERLE_FRAMES`
+    frames of playback is under :data:`CONVERGED_DB` (or fewer than :data:`MIN_FRAMES` were measured), the
+    canceller's output also goes through :class:`HalfDuplexGate` (a voice louder than the
+    speaker still passes). Once it is converged, the output passes as it is: full duplex.
+
+    Args:
+        aec: the canceller.
+        gate: the gate (fed the same playback).
+    """
+
+    description = ("echo cancellation — WebRTC AEC3 removes the speaker's audio from the microphone "
+                   "(half-duplex until it has learned the room)")
+
+    def __init__(self, aec: WebRtcEchoCanceller, gate: HalfDuplexGate) -> None:
+        self.aec, self.gate = aec, gate
+        self._erle: collections.deque[float] = collections.deque(maxlen=ERLE_FRAMES)
+
+    def far(self, block: np.ndarray) -> None:
+        self.aec.far(block)
+        self.gate.far(block)
+
+    @property
+    def converged(self) -> bool:
+        """Whether the canceller's measured echo reduction is high enough to trust it alone."""
+        return len(self._erle) >= MIN_FRAMES and float(np.quantile(self._erle, ERLE_QUANTILE)) >= CONVERGED_DB
+
+    def near(self, frame: np.ndarray) -> np.ndarray:
+        clean = self.aec.near(frame)
+        if self.gate.expected_echo() == 0.0:
+            return clean
+        self._erle.append(20 * float(np.log10((_rms(frame) + 1e-9) / (_rms(clean) + 1e-9))))
+        return clean if self.converged else self.gate.near(clean)
+
+
+def aec_available() -> bool:
+    """Whether ``--echo aec`` can run here (``livekit`` imports)."""
+    try:
+        import livekit.rtc  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def make_echo_control(mode: str, *, out_rate: int, latency_s: float = 0.0,
+                      barge_in_db: float = BARGE_IN_DB) -> EchoControl:
+    """The echo control for ``--echo MODE`` (one of :data:`MODES`).
+
+    Raises:
+        EchoUnavailable: ``aec`` without ``livekit``.
+        ValueError: an unknown mode.
+    """
+    if mode == "auto":
+        mode = "aec" if aec_available() else "half-duplex"
+    if mode == "aec":
+        return GuardedCanceller(WebRtcEchoCanceller(out_rate, round(latency_s * 1000)),
+                                HalfDuplexGate(latency_s, barge_in_db))
+    if mode == "half-duplex":
+        return HalfDuplexGate(latency_s, barge_in_db)
+    if mode == "off":
+        return NoEchoControl()
+    raise ValueError(f"--echo {mode!r}: use one of {', '.join(MODES)}")

@@ -1,0 +1,198 @@
+"""One port, two HTTP stacks: the ``/v1/...`` HTTP API goes to uvicorn's h11 protocol,
+everything else to websockets as before.
+
+Why: the server is built on ``websockets`` (``/ws`` sessions, and plain GET answers through
+``process_request``: the web page, ``/healthz``, ``/metrics``). Its HTTP parser accepts
+only a GET without a body (``websockets.http11.Request.parse``) and sends a response whole,
+so it cannot take ``POST /v1/chat/completions`` nor stream Server-Sent Events. Rather than a
+second port (which every client, proxy and firewall would have to learn), each accepted
+connection is a :class:`SniffingConnection` (websockets' ``create_connection`` hook): it
+holds back websockets' ``connection_made`` — which would start the handshake handler — until
+the first line of the request has arrived, then
+
+- a path under ``/v1/`` other than ``/v1/realtime`` (the OpenAI Realtime WebSocket, which
+  websockets serves) is handed to a uvicorn ``H11Protocol`` running the ASGI app of
+  :mod:`server.openai_api` (``transport.set_protocol``; the buffered bytes are replayed):
+  no websockets handler ever starts for it;
+- anything else (or a first line longer than :data:`MAX_REQUEST_LINE`, or a client that
+  closes before sending one) goes on to websockets exactly as without the sniffing.
+
+A client that sends no complete first line within :data:`SNIFF_TIMEOUT_S` is dropped (as
+websockets' ``open_timeout`` would). The HTTP connections are the front's, not uvicorn
+``Server``'s (none runs): :meth:`HttpFront.attach` makes the websockets server's ``close``
+close them too — idle keep-alive connections at once, requests in progress cancelled (an
+aborted generation frees its batch slot) — and its ``wait_closed`` wait for that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, ClassVar
+
+import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.server import ServerState
+from websockets.asyncio.server import Server, ServerConnection
+
+logger = logging.getLogger(__name__)
+
+MAX_REQUEST_LINE = 8192
+"""Bytes of a connection's first line read before deciding: a longer line goes to websockets
+(whose parser refuses it as it always did)."""
+SNIFF_TIMEOUT_S = 10.0
+"""A connection that sends no complete first line within this long is aborted (websockets'
+default ``open_timeout``)."""
+MAX_HEADER_BYTES = 16 * 1024
+"""Largest request head the HTTP API takes: one still incomplete past this is answered 400
+and closed (h11's limit), a complete one with more header bytes 431 (server/openai_api.py)."""
+KEEP_ALIVE_S = 5
+"""An idle keep-alive HTTP connection is closed after this long (uvicorn's default)."""
+CLOSE_GRACE_S = 2.0
+"""At server close, how long cancelled requests get to finish before their sockets are aborted."""
+
+
+def is_http_api(request_line: bytes) -> bool:
+    """Whether a request's first line (``METHOD TARGET HTTP/x.y``, no CRLF) is for the
+    HTTP API: an origin-form target whose path is under ``/v1/`` and is not ``/v1/realtime``."""
+    parts = request_line.split(b" ")
+    if len(parts) != 3 or not parts[2].startswith(b"HTTP/"):
+        return False
+    path = parts[1].partition(b"?")[0]
+    return path.startswith(b"/v1/") and path.rstrip(b"/") != b"/v1/realtime"
+
+
+class HttpFront:
+    """The HTTP API's side of the port: a loaded uvicorn configuration for ``app`` and the
+    connections handed to it.
+
+    Args:
+        app: the ASGI application (:func:`server.openai_api.openai_app`).
+    """
+
+    def __init__(self, app: Any) -> None:
+        # no lifespan, no websockets in uvicorn, no proxy-header rewriting, our own logging
+        self.config = uvicorn.Config(app, lifespan="off", http="h11", ws="none", log_config=None, access_log=False,
+                                     proxy_headers=False, server_header=False, date_header=False,
+                                     timeout_keep_alive=KEEP_ALIVE_S, h11_max_incomplete_event_size=MAX_HEADER_BYTES)
+        self.config.load()
+        self.state = ServerState()  # .connections: live H11Protocols; .tasks: running ASGI requests
+        self.app_state: dict[str, Any] = {}
+        self.sniffing: set[SniffingConnection] = set()
+        self.closing = False
+
+    def connection_class(self) -> type[ServerConnection]:
+        """A :class:`SniffingConnection` class bound to this front, for ``serve(create_connection=...)``."""
+        front = self
+
+        class Bound(SniffingConnection):
+            pass
+
+        Bound.front = front
+        return Bound
+
+    def take(self, transport: asyncio.Transport, data: bytes) -> None:
+        """Serve the connection ``transport`` with uvicorn from now on; ``data``: the bytes
+        read so far."""
+        if self.closing:
+            transport.abort()
+            return
+        proto = H11Protocol(self.config, self.state, self.app_state)
+        transport.set_protocol(proto)
+        proto.connection_made(transport)
+        proto.data_received(data)
+
+    def attach(self, server: Server) -> None:
+        """Make ``server.close()`` close this front's connections as well, and
+        ``server.wait_closed()`` wait for them."""
+        close = server.close
+
+        def close_both(*args: Any, **kwargs: Any) -> None:
+            if not self.closing:
+                task = asyncio.get_running_loop().create_task(self.aclose(), name="voxpipe-http-close")
+                server.handler_tasks.add(task)  # websockets' close waits for its handler tasks
+                task.add_done_callback(server.handler_tasks.discard)
+            close(*args, **kwargs)
+
+        server.close = close_both  # type: ignore[method-assign]
+
+    async def aclose(self) -> None:
+        """Close every connection: undecided ones and idle keep-alive ones at once, requests
+        in progress cancelled; sockets still open after :data:`CLOSE_GRACE_S` are aborted."""
+        self.closing = True
+        for conn in list(self.sniffing):
+            conn.drop()
+        for proto in list(self.state.connections):
+            if isinstance(proto, H11Protocol):
+                proto.shutdown()
+        tasks = list(self.state.tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=CLOSE_GRACE_S)
+        for proto in list(self.state.connections):
+            transport = getattr(proto, "transport", None)
+            if transport is not None:
+                transport.abort()
+        if self.state.connections:
+            await asyncio.sleep(0)  # let connection_lost run
+
+
+class SniffingConnection(ServerConnection):
+    """A websockets connection that starts only once the request's first line shows it is
+    not for the HTTP API (see the module docstring). Subclassed per server by
+    :meth:`HttpFront.connection_class`."""
+
+    front: ClassVar[HttpFront]
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._sniff_transport: asyncio.Transport = transport  # type: ignore[assignment]
+        self._sniffed = bytearray()
+        self._decided = False
+        self._sniff_timer: asyncio.TimerHandle | None = self.loop.call_later(SNIFF_TIMEOUT_S, self.drop)
+        self.front.sniffing.add(self)
+
+    def data_received(self, data: bytes) -> None:
+        if self._decided:
+            super().data_received(data)
+            return
+        self._sniffed += data
+        end = self._sniffed.find(b"\n")
+        if end == -1 and len(self._sniffed) <= MAX_REQUEST_LINE:
+            return
+        line = bytes(self._sniffed[:end]).rstrip(b"\r") if 0 <= end <= MAX_REQUEST_LINE else b""
+        buffered = bytes(self._sniffed)
+        self._decide()
+        if is_http_api(line):
+            self.front.take(self._sniff_transport, buffered)
+            return
+        super().connection_made(self._sniff_transport)
+        super().data_received(buffered)
+
+    def eof_received(self) -> None:
+        if not self._decided:  # closed before a whole first line: websockets answers as it always did
+            buffered = bytes(self._sniffed)
+            self._decide()
+            super().connection_made(self._sniff_transport)
+            if buffered:
+                super().data_received(buffered)
+        super().eof_received()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self._decided:  # no websockets handler was started: nothing else to clean up
+            self._decide()
+            return
+        super().connection_lost(exc)
+
+    def drop(self) -> None:
+        """Drop a connection still being sniffed (timeout, server close)."""
+        if not self._decided:
+            self._sniff_transport.abort()
+
+    def _decide(self) -> None:
+        self._decided = True
+        self._sniffed = bytearray()
+        self.front.sniffing.discard(self)
+        if self._sniff_timer is not None:
+            self._sniff_timer.cancel()
+            self._sniff_timer = None

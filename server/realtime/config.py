@@ -1,0 +1,99 @@
+"""``session.update`` in, ``session.created`` / ``session.updated`` out: the Realtime
+session object in both shapes (beta: flat ``input_audio_format``, ``turn_detection``;
+GA: ``type: "realtime"``, ``audio.input`` / ``audio.output``), over voxpipe's settings."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from pipeline.config import VoxpipeConfig
+from pipeline.session.events import MAX_TEXT_CHARS
+
+from .types import BETA_SESSION_KEYS, RATE, Dialect, RealtimeError, Settings
+
+MODEL = "voxpipe"
+"""The ``model`` the session object reports (whatever ``?model=`` the client asked for)."""
+
+
+def dialect_of(session: dict[str, Any]) -> Dialect | None:
+    """The dialect a ``session.update``'s ``session`` is written in: ``ga`` when it has
+    ``type: "realtime"`` or ``audio``, ``beta`` when it has a beta-only key
+    (:data:`~server.realtime.types.BETA_SESSION_KEYS`), None when it could be either
+    (only ``instructions``)."""
+    if session.get("type") == "realtime" or "audio" in session:
+        return "ga"
+    if BETA_SESSION_KEYS & session.keys():
+        return "beta"
+    return None
+
+
+def read_update(session: dict[str, Any], current: Settings) -> Settings:
+    """The settings after a ``session.update`` carrying ``session``; what it omits stays.
+
+    Raises:
+        RealtimeError: ``invalid_value`` for a format other than PCM16 24 kHz, a turn
+            detection other than ``server_vad`` / ``semantic_vad`` / null, a transcription
+            session (``type: "transcription"``), or instructions that are not a string or
+            longer than :data:`~pipeline.session.events.MAX_TEXT_CHARS`.
+    """
+    new = replace(current)
+    kind = session.get("type")
+    if kind not in (None, "realtime"):
+        raise RealtimeError("invalid_value", f"session type {kind!r} is not supported: only 'realtime'",
+                            param="session.type")
+    if "instructions" in session:
+        text = session["instructions"]
+        if text is not None and (not isinstance(text, str) or len(text) > MAX_TEXT_CHARS):
+            raise RealtimeError("invalid_value", f"instructions must be a string of at most {MAX_TEXT_CHARS} "
+                                "characters", param="session.instructions")
+        new.instructions = text or None  # "" clears: the server's default
+    audio = session.get("audio") or {}
+    if not isinstance(audio, dict):
+        raise RealtimeError("invalid_value", "session.audio must be an object", param="session.audio")
+    inp, outp = audio.get("input") or {}, audio.get("output") or {}
+    for where, fmt in (("session.input_audio_format", session.get("input_audio_format")),
+                       ("session.output_audio_format", session.get("output_audio_format")),
+                       ("session.audio.input.format", inp.get("format") if isinstance(inp, dict) else None),
+                       ("session.audio.output.format", outp.get("format") if isinstance(outp, dict) else None)):
+        _check_format(where, fmt)
+    for where, holder in (("session.turn_detection", session), ("session.audio.input.turn_detection", inp)):
+        if isinstance(holder, dict) and "turn_detection" in holder:
+            new.server_vad = _vad(where, holder["turn_detection"])
+    return new
+
+
+def _check_format(where: str, fmt: Any) -> None:
+    if fmt is None or fmt == "pcm16":
+        return
+    if isinstance(fmt, dict) and fmt.get("type", "audio/pcm") == "audio/pcm" and fmt.get("rate", RATE) == RATE:
+        return
+    raise RealtimeError("invalid_value", f"audio format {fmt!r} is not supported: only PCM16 at {RATE} Hz "
+                        "('pcm16', or {'type': 'audio/pcm', 'rate': 24000})", param=where)
+
+
+def _vad(where: str, td: Any) -> bool:
+    if td is None:
+        return False
+    if isinstance(td, dict) and td.get("type") in ("server_vad", "semantic_vad"):
+        return True
+    raise RealtimeError("invalid_value", f"turn_detection {td!r} is not supported: server_vad, semantic_vad "
+                        "(as server_vad) or null", param=where)
+
+
+def session_object(settings: Settings, cfg: VoxpipeConfig, session_id: str, prompt: str) -> dict[str, Any]:
+    """The session as ``session.created`` / ``session.updated`` report it, in the
+    connection's dialect. ``prompt``: the system prompt in force."""
+    turn = cfg.turn
+    td = ({"type": "server_vad", "silence_duration_ms": turn.end_silence_ms, "prefix_padding_ms": turn.pad_ms,
+           "create_response": True, "interrupt_response": True} if settings.server_vad else None)
+    common = {"id": f"sess_{session_id}", "object": "realtime.session", "model": MODEL, "instructions": prompt}
+    if settings.dialect == "beta":
+        return {**common, "modalities": ["audio", "text"], "input_audio_format": "pcm16",
+                "output_audio_format": "pcm16", "turn_detection": td,
+                "input_audio_transcription": {"model": "whisper"}, "tools": [], "tool_choice": "none"}
+    pcm = {"type": "audio/pcm", "rate": RATE}
+    return {"type": "realtime", **common, "output_modalities": ["audio"],
+            "audio": {"input": {"format": pcm, "turn_detection": td, "transcription": {"model": "whisper"}},
+                      "output": {"format": pcm}},
+            "tools": [], "tool_choice": "none"}

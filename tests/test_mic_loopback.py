@@ -1,0 +1,95 @@
+"""``voxpipe mic`` without headphones: a real PulseAudio daemon whose speaker is heard by the
+microphone at 0 dB (tests/pulse_audio.py), the real server and models, real speech.
+
+One conversation: a spoken question is answered once, and in the 30 s after the reply the
+assistant never answers itself (no second ``you:`` turn); then, during a second reply, a
+louder human voice cuts the reply (barge-in still works through the echo handling); Ctrl+C
+ends the session normally (``session.end``: the server logs ``closed (session_end)``)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import ROOT
+from tests.pulse_audio import play_as_human, pulse_room, scaled_copy
+
+QUESTION = "en_librispeech_1988-24833-0003.wav"  # "When are you getting rid of these cats? ..."
+INTERRUPTION = "en_jfk_inaugural_1961.wav"
+QUIET_S = 30.0
+"""How long after the reply the test listens for the assistant answering itself."""
+HUMAN_DBFS = -9.0
+"""The barge-in voice's RMS level: about 10 dB over Piper's replies (joe: -19.5 dBFS RMS over
+its voiced 20 ms blocks, -11 dBFS at its loudest block), so louder than their echo at the
+microphone (0 dB coupling)."""
+
+
+def _wait_for(log: Path, pred, timeout_s: float, what: str) -> str:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        text = log.read_text(errors="replace")
+        if pred(text):
+            return text
+        time.sleep(0.25)
+    pytest.fail(f"{what} not seen within {timeout_s:.0f} s; the client said:\n{log.read_text()[-3000:]}")
+
+
+def _rms_dbfs(path: Path) -> float:
+    import soundfile as sf
+
+    data, _ = sf.read(str(path), dtype="float32")
+    return float(20 * np.log10(np.sqrt(np.mean(np.square(data))) + 1e-9))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("echo", ["auto", "half-duplex"])
+def test_mic_does_not_answer_itself_and_barge_in_still_cuts(echo, server, audio_dir, tmp_path):
+    human = scaled_copy(audio_dir / INTERRUPTION, tmp_path / "louder.wav",
+                        HUMAN_DBFS - _rms_dbfs(audio_dir / INTERRUPTION))
+    out = tmp_path / "mic.txt"
+    with pulse_room(tmp_path / "pulse") as env, open(out, "w") as fh:
+        client = subprocess.Popen([sys.executable, "-m", "cli", "mic", "--url", server["url"], "--echo", echo],
+                                  cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT, text=True)
+        try:
+            _wait_for(out, lambda t: "[listening]" in t, 120, "the client listening")
+            play_as_human(env, audio_dir / QUESTION)
+            # the reply, heard in full: its latency line ends it
+            text = _wait_for(out, lambda t: "latency:" in t or "(interrupted" in t, 300, "the reply")
+            # the whole reply played: the assistant's own voice did not cut it
+            assert "(interrupted" not in text, text
+            time.sleep(QUIET_S)
+            text = out.read_text()
+            heard = [ln for ln in text.splitlines() if ln.startswith("you: ")]
+            assert len(heard) == 1, f"the assistant answered itself {len(heard) - 1} times:\n{text}"
+            assert text.count("latency:") == 1, text
+
+            play_as_human(env, audio_dir / QUESTION)
+            _wait_for(out, lambda t: t.count("you: ") >= 2 and t.rsplit("you: ", 1)[1].count("[speaking]") >= 1,
+                      300, "the second reply playing")
+            time.sleep(2.5)  # past the 2 s merge window: a new turn, not the question going on
+            before = len(out.read_text())
+            assert "(interrupted" not in out.read_text()
+            play_as_human(env, human, wait=False)
+            # the reply stops: the server's barge-in, or the client's own cut once it had all arrived
+            # ("you went on": the server took the voice for the continuation of a turn it had just
+            # heard as empty — AEC3 dims a voice talking over a 0 dB echo for a moment)
+            _wait_for(out, lambda t: "(interrupted: you talked over it)" in t[before:]
+                      or "(interrupted: you went on)" in t[before:], 120, "the barge-in")
+        finally:
+            if client.poll() is None:
+                client.send_signal(signal.SIGINT)
+            try:
+                rc = client.wait(30)
+            except subprocess.TimeoutExpired:
+                client.kill()
+                rc = client.wait()
+    text = out.read_text()
+    assert rc == 0, text
+    assert "Traceback" not in text
+    _wait_for(server["log"], lambda t: "closed (session_end)" in t, 30, "the server's normal close")

@@ -1,0 +1,204 @@
+"""The Coqui TTS backend (``--tts coqui:PATH``): a random tiny VITS built from Coqui's own
+config classes, loaded through the real flag, speaking real turns through a real server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from audio.pcm import resample
+from audio.wav import read_mono
+from pipeline.config import TtsConfig, VoxpipeConfig
+from pipeline.tts.choice import tts_config
+from pipeline.tts.chunker import SentenceChunker, speakable
+from pipeline.tts.coqui import check_model_folder
+from tests.conftest import ROOT, running_server
+from tests.wsclient import Client
+
+CLIP = "en_librispeech_3752-4944-0000.wav"  # a short question-like sentence
+BARGE_CLIP = "en_librispeech_1988-24833-0003.wav"
+LONG = "Tell me a long story about a dragon who learns to bake bread."
+OUT_RATE = 16000  # the session's output rate: not the model's 22050 Hz
+
+
+@pytest.fixture(scope="session")
+def vits_dir(tmp_path_factory):
+    """A random tiny VITS model folder (config.json + model.pth), written once."""
+    from bench.make_random_vits import write_random_vits
+
+    return write_random_vits(tmp_path_factory.mktemp("vits"))
+
+
+def _write_config(folder, config: dict, checkpoint: str | None = "model.pth"):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config))
+    if checkpoint:
+        (folder / checkpoint).write_bytes(b"")
+    return folder
+
+
+def _bad_json(d):
+    (d / "bad").mkdir()
+    (d / "bad" / "config.json").write_text("{")
+    return d / "bad"
+
+
+def _empty(d):
+    (d / "empty").mkdir()
+    return d / "empty"
+
+
+BAD_FOLDERS = {
+    "missing": (lambda d: d / "missing", "not found"),
+    "no config": (_empty, "no config.json"),
+    "bad json": (_bad_json, "not a readable JSON config"),
+    "xtts": (lambda d: _write_config(d / "xtts", {"model": "xtts"}), "'xtts' is not supported; supported: vits"),
+    "tacotron2": (lambda d: _write_config(d / "t2", {"model": "tacotron2"}), "'tacotron2' is not supported"),
+    "yourtts": (lambda d: _write_config(d / "yourtts", {"model": "vits", "model_args": {
+        "use_d_vector_file": True, "use_language_embedding": True}}), "multi-speaker or multilingual vits"),
+    "phonemes, no phonemizer": (lambda d: _write_config(d / "ph", {"model": "vits", "use_phonemes": True}),
+                                "no phonemizer is configured"),
+    "no checkpoint": (lambda d: _write_config(d / "nockpt", {"model": "vits"}, checkpoint=None), "has no checkpoint"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_FOLDERS))
+def test_bad_model_folders_give_one_clear_error(tmp_path, case):
+    make, says = BAD_FOLDERS[case]
+    with pytest.raises(ValueError) as err:
+        check_model_folder(make(tmp_path))
+    assert says in str(err.value) and "\n" not in str(err.value), str(err.value)
+
+
+def test_checkpoint_choice_follows_coqui_names(tmp_path):
+    folder = _write_config(tmp_path / "m", {"model": "vits"}, checkpoint="checkpoint_900.pth")
+    (folder / "checkpoint_10000.pth").write_bytes(b"")
+    assert check_model_folder(folder).checkpoint.name == "checkpoint_10000.pth"  # the newest step
+    (folder / "best_model.pth").write_bytes(b"")
+    assert check_model_folder(folder).checkpoint.name == "best_model.pth"
+    (folder / "model.pth").write_bytes(b"")
+    assert check_model_folder(folder).checkpoint.name == "model.pth"
+
+
+def test_tts_flag_parsing(tmp_path):
+    folder = _write_config(tmp_path / "m", {"model": "vits"})
+    assert tts_config("piper") == TtsConfig()  # the default: Piper's joe
+    assert tts_config("piper", voice="/v/x.onnx").voice == "/v/x.onnx"
+    assert tts_config("piper:/v/y.onnx", threads=2) == TtsConfig(voice="/v/y.onnx", threads=2)
+    assert tts_config(f"coqui:{folder}") == TtsConfig(backend="coqui", voice=str(folder))
+    bad = (("coqui", "joe", "needs the model folder"), (f"coqui:{folder}", "/v/x.onnx", "--voice"),
+           ("piper:/a.onnx", "/b.onnx", "give the Piper voice once"), ("espeak", "joe", "use piper"))
+    for flag, voice, says in bad:
+        with pytest.raises(ValueError) as err:
+            tts_config(flag, voice=voice)
+        assert says in str(err.value), str(err.value)
+
+
+def test_serve_with_a_bad_coqui_folder_exits_2_with_one_line(tmp_path):
+    """The real command line: no traceback, one line, exit status 2, before any model loads."""
+    _write_config(tmp_path / "xtts", {"model": "xtts"})
+    for arg in (f"coqui:{tmp_path / 'nothing'}", f"coqui:{tmp_path / 'xtts'}"):
+        r = subprocess.run([sys.executable, "-m", "cli", "serve", "--tts", arg], cwd=ROOT, capture_output=True,
+                           text=True, timeout=300)
+        assert r.returncode == 2, r.stderr
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("voxpipe: bad configuration:") and "Traceback" not in r.stderr
+
+
+@pytest.mark.slow  # loads the Piper voice and the random VITS
+def test_default_config_loads_piper_and_the_flag_loads_coqui(vits_dir):
+    from cli.main import _parser
+    from pipeline.engines import load_stage
+    from pipeline.tts.coqui import CoquiTtsEngine
+    from pipeline.tts.engine import TtsEngine
+
+    args = _parser().parse_args(["serve"])
+    default = load_stage(VoxpipeConfig(tts=tts_config(args.tts, voice=args.voice)), "tts")
+    assert type(default) is TtsEngine
+    args = _parser().parse_args(["serve", "--tts", f"coqui:{vits_dir}", "--tts-threads", "1"])
+    coqui = load_stage(VoxpipeConfig(tts=tts_config(args.tts, voice=args.voice, threads=args.tts_threads)), "tts")
+    assert isinstance(coqui, CoquiTtsEngine) and coqui.sample_rate == 22050
+    speech = coqui.synthesize("Hello there, how are you today?")
+    assert speech.audio.dtype == np.float32 and speech.audio.ndim == 1 and speech.sample_rate == 22050
+    assert 0.5 < len(speech.audio) / 22050 < 10 and np.abs(speech.audio).max() <= 1.0
+    assert len(coqui.synthesize("🙂").audio) == 0  # nothing speakable: no samples
+
+
+@pytest.fixture(scope="module")
+def coqui_server(vits_dir, tmp_path_factory):
+    log = tmp_path_factory.mktemp("coqui-server") / "serve.log"
+    with running_server(log, "--tts", f"coqui:{vits_dir}", "--slo-ms", "60000") as (port, proc):
+        yield {"url": f"ws://127.0.0.1:{port}/ws", "log": log}
+
+
+def pcm16(x: np.ndarray) -> bytes:
+    return (np.clip(x, -1, 1) * 32767).astype("<i2").tobytes()
+
+
+def clip16k(audio_dir, name) -> np.ndarray:
+    x, sr = read_mono(audio_dir / name)
+    return resample(x, sr, 16000)
+
+
+def expected_samples(vits_dir, deltas: list[str]) -> int:
+    """Samples the reply's phrases make at OUT_RATE: the deltas re-chunked as the server
+    chunks them, each phrase synthesized by the same model (the random VITS's lengths
+    depend on the text only) and resampled like the session does."""
+    from pipeline.tts.coqui import load_coqui_engine
+
+    engine = load_coqui_engine(TtsConfig(backend="coqui", voice=str(vits_dir)))
+    chunker = SentenceChunker()
+    phrases = [p for d in deltas for p in chunker.push(d)] + chunker.flush()
+    total = 0
+    for phrase in phrases:
+        if speakable(phrase):
+            speech = engine.synthesize(phrase)
+            total += len(resample(speech.audio, speech.sample_rate, OUT_RATE)) if len(speech.audio) else 0
+    return total
+
+
+@pytest.mark.slow
+async def test_spoken_turn_is_answered_in_the_coqui_voice_at_the_session_rate(coqui_server, audio_dir, vits_dir):
+    async with Client(coqui_server["url"]) as c:
+        started = await c.start(sample_rate=16000, output_sample_rate=OUT_RATE)
+        assert started["output"]["sample_rate"] == OUT_RATE
+        done = await c.turn(pcm16(clip16k(audio_dir, CLIP)))
+    assert done["type"] == "response.done", c.conv.events
+    assert not done["text_only"] and done["text"].strip(), done
+    rid = done["response_id"]
+    audio = c.conv.reply_audio(rid)
+    deltas = [e["delta"] for e in c.conv.of("response.text.delta") if e["response_id"] == rid]
+    want = await asyncio.to_thread(expected_samples, vits_dir, deltas)
+    # at the session's rate: the model's 22050 Hz resampled, sample for sample
+    assert want > OUT_RATE // 2 and abs(len(audio) - want) <= 4, (len(audio), want)
+    assert abs(done["audio_s"] - len(audio) / OUT_RATE) < 0.01
+    assert float(np.sqrt(np.mean(audio**2))) > 0.001, "reply audio is silent"
+    assert 0 < done["timings_ms"]["tts_rtf"] and done["timings_ms"]["first_audio"] >= 0
+    assert "Coqui vits loaded" in coqui_server["log"].read_text()
+
+
+@pytest.mark.slow
+async def test_barge_in_cancels_a_coqui_reply(coqui_server, audio_dir):
+    speech = clip16k(audio_dir, BARGE_CLIP)
+    async with Client(coqui_server["url"]) as c:
+        await c.start(sample_rate=16000, output_sample_rate=OUT_RATE)
+        await c.ws.send(pcm16(np.zeros(16000, np.float32)))
+        await c.send_json({"type": "text.input", "text": LONG})
+        rid = (await c.wait_for("response.started"))["response_id"]
+        await c.wait_until(lambda: c.conv.audio.get(rid), what="the reply's first audio")
+        for x in (speech, np.zeros(16000, np.float32)):  # the user talks over the reply, in real time
+            for i in range(0, len(x), 1600):
+                await c.ws.send(pcm16(x[i : i + 1600]))
+                await asyncio.sleep(0.1)
+        end = await c.wait_for(lambda e: e["type"] in ("response.cancelled", "response.done")
+                               and e["response_id"] == rid)
+        assert end["type"] == "response.cancelled" and end["reason"] == "barge_in", end
+        nxt = await c.wait_for(lambda e: e["type"] == "response.started" and e["response_id"] > rid)
+        await c.wait_for(lambda e: e["type"] == "response.done" and e["response_id"] == nxt["response_id"])
+        assert c.conv.audio_after_event(rid, end) == 0, "audio of the cancelled reply after response.cancelled"
+        assert len(c.conv.reply_audio(nxt["response_id"])) > 0

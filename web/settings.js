@@ -1,0 +1,81 @@
+// voxpipe browser demo, settings: what the person may choose of the session (system
+// prompt, language, push-to-talk, reply audio rate; docs/PROTOCOL.md `session.start`),
+// kept in the browser's localStorage and applied by the next session.start.
+
+const KEY = "voxpipe.settings";
+export const DEFAULTS = { systemPrompt: "", language: "", pushToTalk: false, outputRate: "auto" };
+const RATES = ["auto", "16000", "22050", "24000", "48000"];
+
+export function loadSettings() {
+  let saved = {};
+  try {
+    saved = JSON.parse(localStorage.getItem(KEY) || "{}") || {};
+  } catch {
+    saved = {}; // unreadable: the defaults
+  }
+  const s = { ...DEFAULTS, ...saved };
+  if (!RATES.includes(String(s.outputRate))) s.outputRate = "auto";
+  return s;
+}
+
+export function saveSettings(s) {
+  try {
+    localStorage.setItem(KEY, JSON.stringify(s));
+    return true;
+  } catch {
+    return false; // storage off (private mode): the settings last as long as the page
+  }
+}
+
+// The fields of session.start these settings give (only those not at their default, so a
+// page with default settings declares exactly the audio formats).
+export function sessionFields(s, contextRate) {
+  const f = {};
+  f.output_sample_rate = s.outputRate === "auto" ? contextRate : Number(s.outputRate);
+  if (s.systemPrompt.trim()) f.system_prompt = s.systemPrompt.trim();
+  if (s.language.trim()) f.language = s.language.trim().toLowerCase();
+  if (s.pushToTalk) f.vad = false;
+  return f;
+}
+
+// Wire the settings form (#settings-form) to `settings`; `onSave(settings)` after each save.
+export function bindSettingsForm(settings, onSave) {
+  const form = document.getElementById("settings-form");
+  const fields = {
+    systemPrompt: form.elements["system-prompt"],
+    language: form.elements.language,
+    pushToTalk: form.elements["push-to-talk"],
+    outputRate: form.elements["output-rate"],
+  };
+  const show = () => {
+    fields.systemPrompt.value = settings.systemPrompt;
+    fields.language.value = settings.language;
+    fields.pushToTalk.checked = settings.pushToTalk;
+    fields.outputRate.value = String(settings.outputRate);
+  };
+  show();
+  form.onsubmit = (e) => {
+    e.preventDefault();
+    const lang = fields.language.value.trim().toLowerCase();
+    if (lang && !/^[A-Za-z]{2,3}([-_][A-Za-z0-9]{2,4})?$/.test(lang)) {
+      form.querySelector(".saved").textContent = "language: an ISO code such as en, de, fr (or empty: detect)";
+      return;
+    }
+    settings.systemPrompt = fields.systemPrompt.value.slice(0, 8000);
+    settings.language = lang;
+    fields.language.value = lang;
+    settings.pushToTalk = fields.pushToTalk.checked;
+    settings.outputRate = fields.outputRate.value;
+    const kept = saveSettings(settings);
+    form.querySelector(".saved").textContent = kept ? "saved" : "saved for this page only (storage is off)";
+    onSave(settings);
+  };
+  form.onreset = (e) => {
+    e.preventDefault();
+    Object.assign(settings, DEFAULTS);
+    show();
+    saveSettings(settings);
+    form.querySelector(".saved").textContent = "defaults restored";
+    onSave(settings);
+  };
+}
