@@ -41,6 +41,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--device", default="auto", help="auto | cpu (bf16) | cpu-fp32 | cpu-int4 | cpu-int8 (weight-only "
                    "quantized linears, bf16 activations) | cuda")
     s.add_argument("--llm-threads", type=int, default=1, help="torch threads for the LLM")
+    s.add_argument("--llm-burst-threads", type=int, default=0, metavar="N",
+                   help="torch threads for an LLM step while ASR and TTS are idle (0: always --llm-threads)")
     s.add_argument("--tts-threads", type=int, default=1, help="onnxruntime threads per TTS worker")
     s.add_argument("--max-new-tokens", type=int, default=96)
     s.add_argument("--max-batch-size", type=int, default=8, help="LLM requests decoding together")
@@ -284,7 +286,8 @@ def _serve(args) -> int:
                         vad_gate=not args.no_vad_gate),
         asr=AsrConfig(model=args.asr_model, max_batch_size=args.asr_batch_size),
         llm=LlmConfig(model=args.llm, device=args.device, threads=args.llm_threads,
-                      max_new_tokens=args.max_new_tokens, memory_budget_mb=args.memory_budget,
+                      burst_threads=args.llm_burst_threads, max_new_tokens=args.max_new_tokens,
+                      memory_budget_mb=args.memory_budget,
                       prefix_cache=not args.no_prefix_cache, api_key=args.llm_api_key, tokenizer=args.tokenizer,
                       remote_timeout_s=args.llm_timeout_s),
         llm_batch=SchedulerConfig(max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms),

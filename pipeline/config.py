@@ -120,6 +120,8 @@ class LlmConfig:
         device: ``auto`` | ``cpu`` | ``cpu-fp32`` | ``cpu-int4`` | ``cpu-int8`` | ``cuda``
             (``pipeline.llm.loader.DEVICES``).
         threads: torch intra-op threads on CPU (1).
+        burst_threads: torch threads for an LLM step while no other stage computes (ASR,
+            TTS idle: :mod:`pipeline.cpu_share`); 0 or ≤ ``threads``: always ``threads``.
         max_new_tokens: tokens per reply (96: a couple of spoken sentences).
         max_context_tokens: history budget counted with the model's tokenizer (1024).
         system_prompt: default system prompt; a session may replace it.
@@ -153,6 +155,7 @@ class LlmConfig:
     model: str = "qwen"
     device: str = "auto"
     threads: int = 1
+    burst_threads: int = 0
     max_new_tokens: int = 96
     max_context_tokens: int = 1024
     system_prompt: str = (
@@ -493,6 +496,8 @@ class VoxpipeConfig:
                         ("tts.threads", self.tts.threads), ("tts.workers", self.tts.workers)):
             if n < 1:
                 raise ValueError(f"{name} must be >= 1")
+        if self.llm.burst_threads < 0:
+            raise ValueError("llm.burst_threads must be >= 0 (0: off)")
         if self.tts.backend not in ("piper", "coqui"):
             raise ValueError(f"tts.backend {self.tts.backend!r}: piper or coqui")
         if self.llm.max_new_tokens < 1 or self.llm.max_context_tokens < 64:

@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
 
+from pipeline.cpu_share import SHARE
 from pipeline.serving.faults import NO_FAULTS, FaultInjector, injected
 from pipeline.serving.ladder import free_cached_memory, is_oom
 
@@ -234,7 +235,8 @@ class BatchWorker(Generic[In, Out]):
             t0 = time.perf_counter()
             try:
                 self.faults.hit(self.name)
-                results = self.process_batch([j.item for j in jobs])
+                with SHARE.working():  # the LLM does not borrow our core meanwhile (pipeline.cpu_share)
+                    results = self.process_batch([j.item for j in jobs])
             except BaseException as exc:
                 if self.ladder is None or not is_oom(exc) or attempt == MAX_OOM_RETRIES:
                     logger.error("%s batch failed: %s", self.name, exc, exc_info=not (is_oom(exc) or injected(exc)))

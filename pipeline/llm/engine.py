@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from pipeline import metrics
 from pipeline.config import LlmConfig, SchedulerConfig
+from pipeline.cpu_share import SHARE
 from pipeline.llm import memory
 from pipeline.llm.detok import IncrementalDetokenizer, StopStrings
 from pipeline.llm.runner.runner import ModelRunner
@@ -98,6 +99,7 @@ class LlmEngine:
         self.preempted = 0  # requests requeued by an out-of-memory step (recomputed when they run again)
         self._base_batch = sched.max_batch_size
         self._oom_streak = 0
+        self._threads_now = cfg.threads  # torch threads of the engine thread (set by load_llm)
 
     @property
     def depth(self) -> int:
@@ -250,6 +252,7 @@ class LlmEngine:
         plan = self.scheduler.schedule()
         if plan.empty:
             return self._idle(plan)
+        self._pick_threads()
         outputs = self._execute(plan)
         if outputs is not None:
             sampled = self.scheduler.update(plan, outputs)
@@ -326,6 +329,15 @@ class LlmEngine:
         if self.steps != self._trimmed_at:
             self._trimmed_at = self.steps
             release_free_memory()
+
+    def _pick_threads(self) -> None:
+        """Borrow the idle cores for this step: ``burst_threads`` while no ASR/TTS call is
+        in progress, else ``threads`` (:mod:`pipeline.cpu_share`)."""
+        cfg = self.cfg
+        want = cfg.burst_threads if cfg.burst_threads > cfg.threads and not SHARE.others_working else cfg.threads
+        if want != self._threads_now:
+            self.runner.set_threads(want)
+            self._threads_now = want
 
     def _execute(self, plan: StepPlan) -> dict[int, int] | None:
         """Run ``plan`` on the model: ``rid -> sampled token``, or None when the step

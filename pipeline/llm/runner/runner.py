@@ -81,6 +81,12 @@ class ModelRunner:
         self._partial: dict[int, RowsKV] = {}  # rid -> KV of a prompt prefilled so far
         self.mixed = mixed and use_mixed_attention(model)
 
+    def set_threads(self, n: int) -> None:
+        """Run the next steps with ``n`` torch intra-op threads (CPU only; call on the
+        engine thread: OpenMP keeps the count per calling thread)."""
+        if self.device.type == "cpu":
+            torch.set_num_threads(n)
+
     @property
     def batch_size(self) -> int:
         """Requests decoding in the batch (live slots)."""

@@ -1,0 +1,51 @@
+"""Which CPU-bound stages are computing now, so the LLM can borrow the cores they leave idle.
+
+ASR (CTranslate2) and TTS (onnxruntime, or torch for a Coqui voice) keep thread pools of a
+fixed size (one thread each by default); torch's intra-op threads are the LLM's. On a small
+CPU the LLM's budget is one thread, so that a reply decodes beside a partial transcript or
+a phrase being synthesized without the three fighting for two cores. Most of a turn,
+though, only the LLM computes — the prompt's prefill right after the final transcript, and
+decode between two phrases — and then a second core sits idle. Each batched stage marks its
+work here (:meth:`CpuShare.working`, in :class:`pipeline.worker.BatchWorker`); the LLM
+engine reads :attr:`CpuShare.others_working` before each model step and runs it with its
+burst thread count when nothing else computes (``LlmConfig.burst_threads``).
+
+Switching costs one ``torch.set_num_threads`` call (an OpenMP team-size change between
+parallel regions: microseconds); with ``OMP_WAIT_POLICY=PASSIVE`` an idle OpenMP thread
+sleeps instead of spinning, so the borrowed core is really given back.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+
+class CpuShare:
+    """A thread-safe count of stage calls in progress."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._working = 0
+
+    @contextmanager
+    def working(self) -> Iterator[None]:
+        """Mark the body as a stage computing (any thread; nests)."""
+        with self._lock:
+            self._working += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._working -= 1
+
+    @property
+    def others_working(self) -> bool:
+        """Whether any marked stage call is in progress now (a racy read is fine: it only
+        picks the next LLM step's thread count)."""
+        return self._working > 0
+
+
+SHARE = CpuShare()
+"""The process's one instance."""
