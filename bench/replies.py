@@ -188,7 +188,8 @@ def add_arguments(p) -> None:
     p.add_argument("--llm", default="qwen,smollm2", help="models, comma-separated (qwen,smollm2)")
     p.add_argument("--framing", default=None,
                    help=f"framings, comma-separated (default all: {', '.join(framings())})")
-    p.add_argument("--device", default="cpu", help="cpu (bf16, the serving default), cpu-fp32, cuda, ...")
+    p.add_argument("--device", default="auto",
+                   help="auto (the serving default), cpu (bf16), cpu-int4, cpu-fp32, cuda, ...")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--concurrency", type=int, default=8, help="replies generated together (8)")
     p.add_argument("--max-new-tokens", type=int, default=96)

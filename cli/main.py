@@ -38,11 +38,13 @@ def _parser() -> argparse.ArgumentParser:
     from pipeline.tts.choice import TTS_FLAG_HELP
 
     s.add_argument("--tts", default="piper", metavar="piper|piper:VOICE|coqui:PATH", help=TTS_FLAG_HELP)
-    s.add_argument("--device", default="auto", help="auto | cpu (bf16) | cpu-fp32 | cpu-int4 | cpu-int8 (weight-only "
-                   "quantized linears, bf16 activations) | cuda")
+    s.add_argument("--device", default="auto", help="auto (cuda if present, else cpu-int4 on a CPU with native bf16, "
+                   "else cpu-fp32) | cpu (bf16) | cpu-fp32 | cpu-int4 | cpu-int8 (weight-only quantized linears, bf16 "
+                   "activations) | cuda")
     s.add_argument("--llm-threads", type=int, default=1, help="torch threads for the LLM")
-    s.add_argument("--llm-burst-threads", type=int, default=0, metavar="N",
-                   help="torch threads for an LLM step while ASR and TTS are idle (0: always --llm-threads)")
+    s.add_argument("--llm-burst-threads", type=int, default=None, metavar="N",
+                   help="torch threads for an LLM step while ASR and TTS are idle (default: the CPUs this process "
+                        "may use, at most 4; 0: always --llm-threads)")
     s.add_argument("--tts-threads", type=int, default=1, help="onnxruntime threads per TTS worker")
     s.add_argument("--max-new-tokens", type=int, default=96)
     s.add_argument("--max-batch-size", type=int, default=8, help="LLM requests decoding together")
@@ -286,7 +288,8 @@ def _serve(args) -> int:
                         vad_gate=not args.no_vad_gate),
         asr=AsrConfig(model=args.asr_model, max_batch_size=args.asr_batch_size),
         llm=LlmConfig(model=args.llm, device=args.device, threads=args.llm_threads,
-                      burst_threads=args.llm_burst_threads, max_new_tokens=args.max_new_tokens,
+                      burst_threads=_burst_threads(args),
+                      max_new_tokens=args.max_new_tokens,
                       memory_budget_mb=args.memory_budget,
                       prefix_cache=not args.no_prefix_cache, api_key=args.llm_api_key, tokenizer=args.tokenizer,
                       remote_timeout_s=args.llm_timeout_s),
@@ -312,6 +315,17 @@ def _serve(args) -> int:
         print(f"voxpipe: bad configuration: {exc}", file=sys.stderr)
         return 2
     return asyncio.run(_serve_async(cfg, ray_opts))
+
+
+def _burst_threads(args) -> int:
+    """``--llm-burst-threads``, or its default: :func:`~pipeline.cpu_share.auto_burst_threads`
+    in one process; 0 with ``--ray`` (a stage replica's process has no ASR/TTS beside it to
+    yield to, and Ray gives it its CPUs)."""
+    from pipeline.cpu_share import auto_burst_threads
+
+    if args.llm_burst_threads is not None:
+        return args.llm_burst_threads
+    return 0 if args.ray is not None else auto_burst_threads()
 
 
 def _check_remote_llm(args) -> None:

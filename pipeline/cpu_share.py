@@ -17,6 +17,7 @@ sleeps instead of spinning, so the borrowed core is really given back.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -49,3 +50,18 @@ class CpuShare:
 
 SHARE = CpuShare()
 """The process's one instance."""
+
+MAX_AUTO_BURST = 4
+"""``voxpipe serve``'s default burst is the CPUs this process may use, at most this many:
+measured at 2 on a 2-core CPU (README "Benchmarks"); a 0.5 B model's per-layer matrices are
+small, and more threads mostly add synchronisation (not measured beyond 2)."""
+
+
+def auto_burst_threads() -> int:
+    """The default ``LlmConfig.burst_threads`` of ``voxpipe serve``: the CPUs this process
+    may run on (its affinity mask), at most :data:`MAX_AUTO_BURST`."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        n = os.cpu_count() or 1
+    return min(n, MAX_AUTO_BURST)

@@ -130,7 +130,7 @@ def test_the_default_model_answers_statements_and_clips_without_parroting():
     from pipeline.llm.loader import load_llm
 
     cfg = LlmConfig()
-    engine = LlmEngine(load_llm(cfg.model, device="cpu"), LlmConfig())
+    engine = LlmEngine(load_llm(cfg.model, device=cfg.device), LlmConfig())  # what the server runs
     engine.start()
     try:
         texts = [p.text for p in load_prompts(kinds=("clip",))] + ECHOED + ["What is the capital of France?"]

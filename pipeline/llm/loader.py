@@ -112,17 +112,30 @@ QUANT_DEVICES = {"cpu-int4": "int4", "cpu-int8": "int8"}
 """``--device`` values that quantize the linear layers, and the quantization they use."""
 
 
-def pick_device(device: str = "auto") -> tuple[Any, Any]:
-    """(device, dtype): CUDA bf16 when available, else CPU bf16 when the CPU runs bf16
-    natively (oneDNN AVX-512 BF16 / AMX), else CPU fp32; ``cpu`` is always bf16;
-    ``cpu-fp32`` loads fp32 weights; ``cpu-int4`` and ``cpu-int8`` load bf16 weights
-    (quantized after loading)."""
+def resolve_device(device: str = "auto") -> str:
+    """``device`` with ``auto`` made concrete: ``cuda`` when available, else ``cpu-int4``
+    when the CPU runs bf16 natively (oneDNN AVX-512 BF16 / AMX: the int4 decode kernels and
+    the bf16 prefill copy are fast there), else ``cpu-fp32``. ``cpu-int4`` is the CPU
+    default because decode reads every weight once per token: on this project's 2-core CPU
+    it took the default Qwen's voice-to-voice p50 from 1.80 s (bf16) to 1.35 s, 1.14 s with
+    ``--llm-burst-threads 2`` (README "Benchmarks"), for a perplexity ratio of 1.044
+    (``bench quant``; pinned ≤ 1.05 by tests/test_quant_quality.py)."""
+    if device != "auto":
+        return device
     import torch
 
-    if device == "auto":
-        from pipeline.llm.runner.cpu_linear import packing_supported
+    from pipeline.llm.runner.cpu_linear import packing_supported
 
-        device = "cuda" if torch.cuda.is_available() else "cpu" if packing_supported() else "cpu-fp32"
+    return "cuda" if torch.cuda.is_available() else "cpu-int4" if packing_supported() else "cpu-fp32"
+
+
+def pick_device(device: str = "auto") -> tuple[Any, Any]:
+    """(device, dtype) of :func:`resolve_device`'s choice: ``cpu`` is bf16; ``cpu-fp32``
+    loads fp32 weights; ``cpu-int4`` and ``cpu-int8`` load bf16 weights (quantized after
+    loading); CUDA bf16."""
+    import torch
+
+    device = resolve_device(device)
     if device == "cpu-fp32":
         return torch.device("cpu"), torch.float32
     if device in QUANT_DEVICES:
@@ -154,7 +167,7 @@ def load_llm(name: str, *, device: str = "auto", threads: int | None = None,
 
     Args:
         name: ``qwen``, ``smollm2`` or a local folder.
-        device: one of :data:`DEVICES` or ``cuda:N``.
+        device: one of :data:`DEVICES` or ``cuda:N`` (``auto``: :func:`resolve_device`).
         threads: torch intra-op threads on CPU (DESIGN.md: give each engine a budget).
         quant_head: with ``cpu-int4``/``cpu-int8``, quantize the LM head too (None: when
             it is not tied to the input embedding, :func:`~pipeline.llm.runner.quant_linear.quantize_linears`).
@@ -165,6 +178,7 @@ def load_llm(name: str, *, device: str = "auto", threads: int | None = None,
     if threads:
         torch.set_num_threads(threads)
     folder = llm_folder(name)
+    device = resolve_device(device)
     dev, dtype = pick_device(device)
     tok = AutoTokenizer.from_pretrained(str(folder))
     model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype).to(dev).eval()
