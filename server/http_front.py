@@ -11,9 +11,10 @@ holds back websockets' ``connection_made`` — which would start the handshake h
 the first line of the request has arrived, then
 
 - a path under ``/v1/`` other than ``/v1/realtime`` (the OpenAI Realtime WebSocket, which
-  websockets serves) is handed to a uvicorn ``H11Protocol`` running the ASGI app of
-  :mod:`server.openai_api` (``transport.set_protocol``; the buffered bytes are replayed):
-  no websockets handler ever starts for it;
+  websockets serves), or a method other than GET (answered 405 off the API), is handed to a
+  uvicorn ``H11Protocol`` running the ASGI app of :mod:`server.openai_api`
+  (``transport.set_protocol``; the buffered bytes are replayed): no websockets handler ever
+  starts for it;
 - anything else (or a first line longer than :data:`MAX_REQUEST_LINE`, or a client that
   closes before sending one) goes on to websockets exactly as without the sniffing.
 
@@ -46,6 +47,14 @@ default ``open_timeout``)."""
 MAX_HEADER_BYTES = 16 * 1024
 """Largest request head the HTTP API takes: one still incomplete past this is answered 400
 and closed (h11's limit), a complete one with more header bytes 431 (server/openai_api.py)."""
+REQUEST_HEAD_TIMEOUT_S = 10.0
+"""A connection of the HTTP API that makes no progress on a request head (none yet, or the
+next one on a kept-alive connection) for this long is aborted: a slowloris client sending a
+header line every few seconds holds nothing for long. Checked every this-many seconds, so it
+goes after 10–20 s."""
+BODY_TIMEOUT_S = 10.0
+"""The whole request body must arrive within this long after its head (server/openai_api.py
+answers 408): a body that stops short holds nothing for long."""
 KEEP_ALIVE_S = 5
 """An idle keep-alive HTTP connection is closed after this long (uvicorn's default)."""
 CLOSE_GRACE_S = 2.0
@@ -54,12 +63,14 @@ CLOSE_GRACE_S = 2.0
 
 def is_http_api(request_line: bytes) -> bool:
     """Whether a request's first line (``METHOD TARGET HTTP/x.y``, no CRLF) is for the
-    HTTP API: an origin-form target whose path is under ``/v1/`` and is not ``/v1/realtime``."""
+    HTTP API: an origin-form target whose path is under ``/v1/`` and is not ``/v1/realtime``,
+    or any method but GET (websockets' parser takes a GET only: a ``POST /elsewhere`` with a
+    body got no answer at all; the API's front answers it 405)."""
     parts = request_line.split(b" ")
     if len(parts) != 3 or not parts[2].startswith(b"HTTP/"):
         return False
     path = parts[1].partition(b"?")[0]
-    return path.startswith(b"/v1/") and path.rstrip(b"/") != b"/v1/realtime"
+    return parts[0] != b"GET" or (path.startswith(b"/v1/") and path.rstrip(b"/") != b"/v1/realtime")
 
 
 class HttpFront:
@@ -101,6 +112,23 @@ class HttpFront:
         transport.set_protocol(proto)
         proto.connection_made(transport)
         proto.data_received(data)
+        self._watch_head(proto, transport, None)
+
+    def _watch_head(self, proto: H11Protocol, transport: asyncio.Transport, seen: object) -> None:
+        """Every :data:`REQUEST_HEAD_TIMEOUT_S`: abort the connection if it waited for a
+        request head (no request yet, or the last one answered) at the last check too, on the
+        same request cycle — no progress in that time."""
+        if transport.is_closing():
+            return
+        cycle = proto.cycle
+        waiting = cycle is None or cycle.response_complete
+        key = ("waiting", id(cycle)) if waiting else None
+        if key is not None and key == seen:
+            logger.info("HTTP API connection from %s sent no complete request in %.0f s: closed",
+                        transport.get_extra_info("peername"), REQUEST_HEAD_TIMEOUT_S)
+            transport.abort()
+            return
+        asyncio.get_running_loop().call_later(REQUEST_HEAD_TIMEOUT_S, self._watch_head, proto, transport, key)
 
     def attach(self, server: Server) -> None:
         """Make ``server.close()`` close this front's connections as well, and

@@ -54,7 +54,7 @@ from pipeline.session.types import TurnHooks
 from pipeline.stages import TextStream
 from pipeline.worker import Busy
 
-from .http_front import MAX_HEADER_BYTES
+from .http_front import BODY_TIMEOUT_S, MAX_HEADER_BYTES
 from .openai_schema import ApiError, ChatCompletionRequest, ErrorType
 from .plain_http import PlainConnection, plain_answer
 
@@ -215,15 +215,26 @@ class OpenAiApi:
         limit = self.server.cfg.server.max_message_bytes
         body = bytearray()
         try:
-            async for piece in request.stream():
-                body += piece
-                if len(body) > limit:
-                    raise ApiError(413, f"request body over {limit} bytes")
+            async with asyncio.timeout(BODY_TIMEOUT_S):  # a body that trickles in, or stops short
+                async for piece in request.stream():
+                    body += piece
+                    if len(body) > limit:
+                        raise ApiError(413, f"request body over {limit} bytes")
+        except TimeoutError:
+            raise ApiError(408, f"the request body did not arrive within {BODY_TIMEOUT_S:g} s",
+                           code="request_timeout") from None
         except ClientDisconnect:  # gone before its whole request: nobody to answer (499, as nginx logs it)
             raise ApiError(CLIENT_GONE, "the client closed the connection before sending its whole request") from None
         try:
             data = json.loads(body)
-        except (ValueError, UnicodeDecodeError) as exc:
+            # a lone surrogate ("\ud800") is JSON but not text: the tokenizer (and a UTF-8
+            # answer echoing it) would fail on it later, as a 500
+            json.dumps(data, ensure_ascii=False).encode()
+        except UnicodeEncodeError:
+            raise ApiError(400, "the body is not valid Unicode text (a lone surrogate such as \\ud800)") from None
+        except RecursionError:
+            raise ApiError(400, "the body is not valid JSON: nested too deeply") from None
+        except ValueError as exc:
             raise ApiError(400, f"the body is not valid JSON: {exc}") from None
         if not isinstance(data, dict):
             raise ApiError(400, "the body must be a JSON object")
@@ -403,7 +414,7 @@ class _Front:
         path = scope["path"]
         headers = Headers([(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]])
         query = scope["query_string"].decode("latin-1")
-        if not path.startswith("/v1/"):
+        if not path.startswith("/v1/") or path.rstrip("/") == "/v1/realtime":  # websockets' paths
             await self._plain(scope, send, path, query)
             return
         endpoint = {"/v1/chat/completions": "chat_completions", "/v1/models": "models"}.get(

@@ -59,7 +59,7 @@ class ChatCompletionRequest(BaseModel):
         max_tokens / max_completion_tokens: most tokens to generate (the latter wins when
             both are given); capped by the server's ``--max-new-tokens``.
         temperature: 0..2; 0 (the default here, unlike OpenAI's 1) is greedy.
-        top_p: (0, 1]. seed: the sampler's seed when sampling.
+        top_p: (0, 1]. seed: the sampler's seed when sampling (a 64-bit signed integer).
         stop: a string or up to 4 strings that end the reply (not included in it).
         n: must be 1. logprobs: must be false. tools: must be absent or empty.
     """
@@ -73,7 +73,7 @@ class ChatCompletionRequest(BaseModel):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     temperature: float = Field(default=0.0, ge=0.0, le=2.0, allow_inf_nan=False)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0, allow_inf_nan=False)
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)  # int64, as OpenAI (torch refuses more)
     stop: str | list[str] | None = None
     n: Literal[1] = 1
     logprobs: Literal[False] | None = None

@@ -79,6 +79,56 @@ def test_cli_unreachable_server_is_one_line_exit_2():
     assert "Traceback" not in r.stderr
 
 
+def test_a_model_the_server_has_not_is_refused_at_start_up():
+    """``openai:URL#nope`` against a server that lists other models and answers 404 for it
+    used to fail the warm-up with a traceback: now :meth:`OpenAiLlm.connect` says so
+    (``RemoteLlmUnavailable``: one line, exit 2); an unlisted name the server does answer is
+    kept (Ollama's aliases)."""
+    import http.server
+    import json
+    import threading
+
+    from pipeline.llm.remote import OpenAiLlm
+    from pipeline.llm.types import RemoteLlmUnavailable
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def _send(self, status: int, body: dict) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            self._send(200, {"object": "list", "data": [{"id": "m:latest", "object": "model", "created": 0,
+                                                         "owned_by": "x"}]})
+
+        def do_POST(self):
+            model = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["model"]
+            if model.startswith("m"):
+                self._send(200, {"id": "x", "object": "chat.completion", "created": 0, "model": model, "choices": [
+                    {"index": 0, "message": {"role": "assistant", "content": "Hi"}, "finish_reason": "length"}]})
+            else:
+                self._send(404, {"error": {"message": f"model {model} not found", "type": "invalid_request_error"}})
+
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+    try:
+        with pytest.raises(RemoteLlmUnavailable) as err:
+            OpenAiLlm(RemoteLlmSpec(base, "nope"), estimate_tokens, slots=1, queue_size=1).connect()
+        assert "has no model 'nope'" in str(err.value) and "m:latest" in str(err.value)
+        assert OpenAiLlm(RemoteLlmSpec(base, "m"), estimate_tokens, slots=1, queue_size=1).connect() == "m"
+        assert OpenAiLlm(RemoteLlmSpec(base, None), estimate_tokens, slots=1, queue_size=1).connect() == "m:latest"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
 def test_estimate_counts_messages_and_errs_high_on_text():
     msgs = [{"role": "system", "content": "x" * 35}, {"role": "user", "content": "y" * 7}]
     assert estimate_tokens(msgs) == 14 + 6 + 3 + 6 + 4

@@ -115,6 +115,8 @@ async def test_text_parts_developer_role_and_max_tokens_capped():
     ({"model": "qwen", "messages": HELLO, "temperature": 3}, "temperature"),
     ({"model": "qwen", "messages": HELLO, "top_p": 0}, "top_p"),
     ({"model": "qwen", "messages": HELLO, "max_tokens": 0}, "max_tokens"),
+    ({"model": "qwen", "messages": HELLO, "seed": 2**70, "temperature": 0.5}, "seed"),  # torch's seed overflows:
+    # it failed the engine step, and with it every reply in the batch (voice sessions too)
     ({"model": "qwen", "messages": HELLO, "stop": ["a", "b", "c", "d", "e"]}, "stop"),
     ({"model": "qwen", "messages": HELLO, "logprobs": True}, "logprobs"),
     ({"model": "qwen", "messages": HELLO, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
@@ -131,7 +133,10 @@ async def test_invalid_requests_get_400_with_an_openai_error(body, param):
 
 async def test_bad_json_unknown_model_unknown_path_and_method():
     async with fake_server() as srv:
-        for body in (b"{not json", b"[1]", json.dumps({"messages": HELLO}).encode()):
+        for body in (b"{not json", b"[1]", json.dumps({"messages": HELLO}).encode(),
+                     b'{"model": "qwen", "messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",  # RecursionError: 500
+                     b'{"model": "qwen", "messages": [{"role": "user", "content": "\\ud800"}]}',  # lone surrogate: 500
+                     b'{"model": "\\udfff", "messages": [{"role": "user", "content": "hi"}]}'):
             answer = await raw(srv.port, post(body))
             assert b" 400 " in answer.split(b"\r\n", 1)[0]
             assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]["type"] == "invalid_request_error"
@@ -144,6 +149,9 @@ async def test_bad_json_unknown_model_unknown_path_and_method():
             assert r.status_code == 404 and r.json()["error"]["type"] == "invalid_request_error"
             r = await h.get("/v1/chat/completions")
             assert r.status_code == 405 and "error" in r.json()
+            for path in ("/elsewhere", "/healthz", "/v1/realtime"):  # websockets' parser: GET only; a POST
+                r = await h.post(path, content=b"x")  # with a body got no answer at all (an empty reply)
+                assert r.status_code == 405, path
 
 
 async def test_context_too_long_is_400_context_length_exceeded():
@@ -309,6 +317,43 @@ async def test_garbage_huge_headers_and_early_close_leave_the_server_working():
 
 
 # ---- real SmolLM2 ---------------------------------------------------------------------------
+
+
+async def test_slow_heads_and_short_bodies_hold_no_connection(monkeypatch):
+    """Slowloris: a request head sent one header line at a time, forever, is cut off after
+    the head timeout (no progress on a head for a whole check period); a body that stops
+    short of its Content-Length gets 408. Both timeouts shrunk to 1 s for the test."""
+    import server.http_front as front
+    import server.openai_api as api
+
+    monkeypatch.setattr(front, "REQUEST_HEAD_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(api, "BODY_TIMEOUT_S", 1.0)
+    async with fake_server() as srv:
+        reader, writer = await asyncio.open_connection("127.0.0.1", srv.port)
+        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        closed = False
+        for i in range(60):  # a header line every 0.25 s: 15 s if never cut
+            try:
+                writer.write(f"X-Slow-{i}: {i}\r\n".encode())
+                await writer.drain()
+            except (ConnectionError, OSError):
+                closed = True
+                break
+            try:
+                if await asyncio.wait_for(reader.read(1), 0.25) == b"":
+                    closed = True
+                    break
+            except TimeoutError:
+                pass
+        writer.close()
+        assert closed, "a head trickling in for 15 s was never cut off"
+        head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                b"Content-Length: 100\r\n\r\n")
+        answer = await asyncio.wait_for(raw(srv.port, head + b'{"model": "x", "mes'), DEADLINE_S)
+        assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+        assert b"request_timeout" in answer
+        async with client(srv.http) as c:  # the server goes on
+            assert (await c.models.list()).data
 
 
 def _batched_steps(metrics_text: str) -> float:

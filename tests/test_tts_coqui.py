@@ -4,9 +4,11 @@ config classes, loaded through the real flag, speaking real turns through a real
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import subprocess
 import sys
+import zipfile
 
 import numpy as np
 import pytest
@@ -16,7 +18,7 @@ from audio.wav import read_mono
 from pipeline.config import TtsConfig, VoxpipeConfig
 from pipeline.tts.choice import tts_config
 from pipeline.tts.chunker import SentenceChunker, speakable
-from pipeline.tts.coqui import check_model_folder
+from pipeline.tts.coqui import MAX_PIECE_CHARS, CoquiTtsEngine, check_model_folder, pieces
 from tests.conftest import ROOT, running_server
 from tests.wsclient import Client
 
@@ -64,7 +66,18 @@ BAD_FOLDERS = {
     "phonemes, no phonemizer": (lambda d: _write_config(d / "ph", {"model": "vits", "use_phonemes": True}),
                                 "no phonemizer is configured"),
     "no checkpoint": (lambda d: _write_config(d / "nockpt", {"model": "vits"}, checkpoint=None), "has no checkpoint"),
+    "truncated checkpoint": (lambda d: _truncated(_write_config(d / "cut", {"model": "vits"})),
+                             "truncated or corrupt PyTorch checkpoint"),  # was a torch traceback at load, exit 1
 }
+
+
+def _truncated(folder):
+    """A ``torch.save`` zip cut short, as an interrupted copy leaves it."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr("archive/data.pkl", b"x" * 5000)
+    (folder / "model.pth").write_bytes(buf.getvalue()[:3000])
+    return folder
 
 
 @pytest.mark.parametrize("case", list(BAD_FOLDERS))
@@ -83,6 +96,29 @@ def test_checkpoint_choice_follows_coqui_names(tmp_path):
     assert check_model_folder(folder).checkpoint.name == "best_model.pth"
     (folder / "model.pth").write_bytes(b"")
     assert check_model_folder(folder).checkpoint.name == "model.pth"
+
+
+def test_a_long_phrase_is_spoken_in_pieces():
+    """A run-on reply is one phrase; one VITS call on 3000 characters took 3.4 GB and 19 s
+    (not cancellable): the engine speaks it in pieces cut at spaces, the audio joined."""
+    class Model:
+        def __init__(self):
+            self.calls: list[str] = []
+
+        def synthesize(self, text):
+            self.calls.append(text)
+            return {"wav": np.full(len(text), 0.1, np.float32)}
+
+    model = Model()
+    engine = CoquiTtsEngine(model, 22050, TtsConfig(backend="coqui", voice="x"))
+    text = "hello there friend " * 160  # 3040 characters, no punctuation
+    speech = engine.synthesize(text)
+    assert len(model.calls) > 1 and all(0 < len(c) <= MAX_PIECE_CHARS for c in model.calls)
+    assert " ".join(model.calls) == text.strip() and len(speech.audio) == sum(map(len, model.calls))
+    assert pieces("x" * 600) == ["x" * 250, "x" * 250, "x" * 100]  # a word longer than a piece
+    assert pieces("") == [] and pieces("word " + " " * 300 + "—") == ["word"]
+    model.calls.clear()
+    assert len(engine.synthesize("Hi there.").audio) > 0 and model.calls == ["Hi there."]
 
 
 def test_tts_flag_parsing(tmp_path):

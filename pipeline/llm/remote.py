@@ -137,7 +137,8 @@ class OpenAiLlm:
         else the first listed. Blocking (start-up, off the event loop). Returns the model.
 
         Raises:
-            RemoteLlmUnavailable: unreachable, an HTTP error, or no model given nor listed.
+            RemoteLlmUnavailable: unreachable, an HTTP error, no model given nor listed, or a
+                model named that the server neither lists nor serves (404).
         """
         client = openai.OpenAI(base_url=self.spec.base_url, api_key=self._api_key, max_retries=0,
                                timeout=self._timeout(START_TIMEOUT_S))
@@ -155,11 +156,33 @@ class OpenAiLlm:
                 raise RemoteLlmUnavailable(f"the LLM server at {self.spec.base_url} lists no model: name one, "
                                            "--llm openai:URL#MODEL")
             self.model = listed[0]
-        elif listed and self.model not in listed:
-            logger.warning("the LLM server at %s does not list %r (it lists %s): asking for it anyway",
-                           self.spec.base_url, self.model, ", ".join(listed[:5]))
+        elif self.model not in listed:
+            self._probe(listed)
         logger.info("remote LLM: %s at %s", self.model, self.spec.base_url)
         return self.model
+
+    def _probe(self, listed: list[str]) -> None:
+        """The server does not list the model named: ask it for one token of it. A 404 (no such
+        model) is a start-up error — it used to fail the warm-up with a traceback; anything else
+        goes on with a warning (some servers answer to names they do not list, e.g. Ollama's
+        ``llama3`` for ``llama3:latest``).
+
+        Raises:
+            RemoteLlmUnavailable: the server answered 404.
+        """
+        client = openai.OpenAI(base_url=self.spec.base_url, api_key=self._api_key, max_retries=0,
+                               timeout=self._timeout(START_TIMEOUT_S))
+        try:
+            client.chat.completions.create(model=self.model, messages=[{"role": "user", "content": "Hi"}], max_tokens=1)
+        except openai.NotFoundError as exc:
+            raise RemoteLlmUnavailable(f"the LLM server at {self.spec.base_url} has no model {self.model!r} "
+                                       f"({describe(exc)}); it lists {', '.join(listed[:5]) or 'none'}") from None
+        except openai.OpenAIError as exc:
+            logger.warning("the LLM server at %s does not list %r (it lists %s), and a test request failed (%s): "
+                           "asking for it anyway", self.spec.base_url, self.model, ", ".join(listed[:5]) or "none",
+                           describe(exc))
+        finally:
+            client.close()
 
     def start(self) -> None:
         """Start the stage's event loop thread (idempotent)."""
@@ -337,7 +360,12 @@ class OpenAiLlm:
             raise
         except Exception as exc:  # noqa: BLE001 - every failure of the server ends this reply only
             self._record(time.perf_counter() - (last or t0), True)
-            what = describe(exc, self.timeout_s) if first is None else f"the reply broke off ({root_cause(exc)})"
+            if first is None:
+                what = describe(exc, self.timeout_s)
+            elif isinstance(exc, openai.APITimeoutError) or "Timeout" in type(exc).__name__:
+                what = f"the reply stalled: no text for {self.timeout_s:g} s (timed out)"
+            else:
+                what = f"the reply broke off ({root_cause(exc)})"
             error = RemoteLlmError(f"LLM server {self.spec.base_url}: {what}")
             logger.warning("%s", error)
             st.finish_reason = FinishReason.ERROR

@@ -16,6 +16,7 @@ import json
 import logging
 import re
 import time
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +35,11 @@ SUPPORTED_KINDS = ("vits",)
 _CHECKPOINT_NAMES = ("model.pth", "model_file.pth", "best_model.pth")
 _STEP_CHECKPOINT = re.compile(r"checkpoint_(\d+)\.pth")
 _PER_SPEAKER_ARGS = ("use_speaker_embedding", "use_d_vector_file", "use_language_embedding")
+MAX_PIECE_CHARS = 250
+"""Most characters given to the model at once: a longer phrase (a run-on reply gives the
+chunker no punctuation to split at) is spoken in pieces cut at spaces, as Coqui's own
+Synthesizer splits sentences. VITS's memory and time grow faster than the text (one
+3000-character call: 3.4 GB and 19 s on 2 cores, not cancellable)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +88,22 @@ def check_model_folder(path: str | Path) -> CoquiModelFolder:
     if checkpoint is None:
         raise ValueError(f"Coqui model folder {folder} has no checkpoint "
                          f"({', '.join(_CHECKPOINT_NAMES)} or checkpoint_N.pth)")
+    if _truncated_zip(checkpoint):
+        raise ValueError(f"{checkpoint}: a truncated or corrupt PyTorch checkpoint (its zip archive is incomplete)")
     return CoquiModelFolder(config=config_path, checkpoint=checkpoint, kind=kind)
+
+
+def _truncated_zip(checkpoint: Path) -> bool:
+    """Whether ``checkpoint`` is a zip archive (``torch.save``'s format) without its end (an
+    interrupted copy or download): cheap to tell here, a traceback once torch loads it. Other
+    formats (legacy pickles) are left to the loader."""
+    try:
+        with open(checkpoint, "rb") as fh:
+            if fh.read(4) != b"PK\x03\x04":
+                return False
+        return not zipfile.is_zipfile(checkpoint)
+    except OSError:
+        return False
 
 
 def _checkpoint(folder: Path) -> Path | None:
@@ -117,7 +138,8 @@ class CoquiTtsEngine(PhraseEngine):
 
     def synthesize(self, text: str) -> Speech:
         """Speak ``text`` after :func:`verbalize` and :func:`speakable` cleaning (characters
-        outside the model's alphabet are dropped by its tokenizer); empty text gives no samples.
+        outside the model's alphabet are dropped by its tokenizer); empty text gives no samples,
+        a phrase over :data:`MAX_PIECE_CHARS` is spoken in :func:`pieces`.
         Runs in a worker thread, which sets its own torch thread count here
         (:func:`pipeline.tts.coqui_loader.use_threads`), not at load time.
         """
@@ -127,10 +149,24 @@ class CoquiTtsEngine(PhraseEngine):
         use_threads(self.threads)
         clean = speakable(verbalize(text))
         audio = np.zeros(0, np.float32)
-        if clean:
-            wav = self.model.synthesize(clean)["wav"]
-            audio = np.clip(np.asarray(wav, dtype=np.float32).reshape(-1), -1.0, 1.0)
+        wavs = [np.asarray(self.model.synthesize(piece)["wav"], dtype=np.float32).reshape(-1)
+                for piece in pieces(clean)]
+        if wavs:
+            audio = np.clip(np.concatenate(wavs), -1.0, 1.0)
         return Speech(audio=audio, sample_rate=self.sample_rate, synth_ms=(time.perf_counter() - t0) * 1000)
+
+
+def pieces(text: str, limit: int = MAX_PIECE_CHARS) -> list[str]:
+    """``text`` cut at spaces into pieces of at most ``limit`` characters (a longer word is
+    cut where it must); pieces with nothing to speak are dropped."""
+    out: list[str] = []
+    while len(text) > limit:
+        cut = text.rfind(" ", 0, limit + 1)
+        cut = cut if cut > 0 else limit
+        out.append(text[:cut])
+        text = text[cut:].lstrip()
+    out.append(text)
+    return [p.strip() for p in out if speakable(p)]
 
 
 def load_coqui_engine(cfg: TtsConfig) -> CoquiTtsEngine:

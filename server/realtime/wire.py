@@ -65,6 +65,12 @@ def parse_event(text: str):
         raise RealtimeError("invalid_json", f"the frame is not valid JSON: {str(exc)[:200]}") from None
     if not isinstance(raw, dict):
         raise RealtimeError("invalid_json", f"an event must be a JSON object, got {type(raw).__name__}")
+    if "\\u" in text:  # only an escape can make a lone surrogate ("\ud800"): JSON, but not text
+        try:
+            json.dumps(raw, ensure_ascii=False).encode()
+        except UnicodeEncodeError:
+            raise RealtimeError("invalid_json", "the frame is not valid Unicode text (a lone surrogate such as "
+                                "\\ud800)") from None
     kind, event_id = raw.get("type"), raw.get("event_id") if isinstance(raw.get("event_id"), str) else None
     if kind not in CLIENT_TYPES:
         shown = repr(kind) if len(repr(kind)) <= 64 else repr(kind)[:60] + "...'"
