@@ -52,5 +52,5 @@ def test_a_tiny_run_prints_the_table_and_the_counters_agree():
     assert len(rows) == 1 and rows[0].rstrip().endswith("| yes |"), out.stdout
     # then the design article's four-row table, on the same machine
     modes = [line.split("|")[1].strip() for line in out.stdout.splitlines() if line.startswith("| ")]
-    for mode in ("no batching", "static batch 4", "dynamic batching", "dynamic + int8"):
+    for mode in ("no batching", "static batch 4", "dynamic batching", "dynamic + int4"):
         assert mode in modes, out.stdout
