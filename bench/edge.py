@@ -56,7 +56,6 @@ import json
 import math
 import multiprocessing as mp
 import statistics
-import subprocess
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -580,7 +579,7 @@ def _scenario_log(log: str | None, name: str) -> str | None:
 
 def run_scenario(args: argparse.Namespace, name: str, victim: list[Path], abuser: list[Path]) -> ScenarioResult:
     """Start a fresh server, run scenario ``name`` on it, stop it."""
-    from bench.voice import _free_port, _start_server
+    from bench.voice import _free_port, _start_server, stop_server
 
     port = _free_port()
     proc = _start_server(args.llm, port, args.serve_args.split(), log=_scenario_log(args.server_log, name))
@@ -588,12 +587,7 @@ def run_scenario(args: argparse.Namespace, name: str, victim: list[Path], abuser
         res = asyncio.run(run_scenario_on(f"ws://127.0.0.1:{port}/ws", name, args, victim, abuser))
         res.server_died = proc.poll() is not None
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_server(proc)
     return res
 
 

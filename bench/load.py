@@ -280,7 +280,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args) -> int:
-    from bench.voice import _clips, _free_port, _start_server
+    from bench.voice import _clips, _free_port, _start_server, stop_server
 
     clips = _clips(Path(args.audio_dir))
     port = _free_port()
@@ -313,8 +313,7 @@ def main(args) -> int:
                 row = asyncio.run(run_rate(url, http, proc.pid, clips, m * r_sus, args))
                 rows.append((f"{m:g}× R_sus", row))
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        stop_server(proc)
     labelled = [*((f"sweep {r.rate:.2f}", r) for r in sweep), *rows]
     if args.json:
         print(json.dumps({"r_sus": r_sus, "slo_ms": args.slo_ms,

@@ -26,7 +26,6 @@ import asyncio
 import json
 import multiprocessing as mp
 import statistics
-import subprocess
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -163,7 +162,7 @@ async def run_on(url: str, pid: int, name: str, n: int, gate: bool, args: argpar
 
 def run_scenario(args: argparse.Namespace, name: str, n: int, gate: bool, victim: list[Path]) -> SilentResult:
     """Start a fresh server, run one scenario on it, stop it."""
-    from bench.voice import _free_port, _start_server
+    from bench.voice import _free_port, _start_server, stop_server
 
     port = _free_port()
     extra = args.serve_args.split() + ([] if gate else ["--no-vad-gate"])
@@ -171,12 +170,7 @@ def run_scenario(args: argparse.Namespace, name: str, n: int, gate: bool, victim
     try:
         return asyncio.run(run_on(f"ws://127.0.0.1:{port}/ws", proc.pid, name, n, gate, args, victim))
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_server(proc)
 
 
 def summarize(results: list[SilentResult]) -> list[dict[str, Any]]:

@@ -67,6 +67,16 @@ def _start_server(llm: str, port: int, extra: list[str], log: str | None = None)
     raise RuntimeError("server not ready")
 
 
+def stop_server(proc: subprocess.Popen, timeout_s: float = 30.0) -> None:
+    """Stop a server :func:`_start_server` started: SIGTERM, then SIGKILL after ``timeout_s``."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def _clips(audio_dir: Path) -> list[Path]:
     with open(audio_dir / "manifest.tsv", newline="", encoding="utf-8") as fh:
         rows = list(csv.DictReader(fh, delimiter="\t"))
@@ -171,8 +181,7 @@ def single_turn_table(args: argparse.Namespace, clips: list[Path], extra: list[s
                 row[key] = _stat(answered, key)
             table.append(row)
     finally:
-        proc.terminate()
-        proc.wait(timeout=20)
+        stop_server(proc)
     return table
 
 
@@ -386,8 +395,7 @@ def run_mode(args: argparse.Namespace, mode: str, orders: list[list[Path]], extr
         after = _scrape(http)
         rss += [v / 2**20 for v in (metric_sum(after, RSS_METRIC),) if v is not None]
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        stop_server(proc)
     return ModeRun(mode, rows, span, hit_rate(before, after), max(rss) if rss else None)
 
 
