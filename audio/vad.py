@@ -93,22 +93,25 @@ class VadStream:
         if k == 0:
             return np.zeros(0, dtype=np.float32)
         wins = buf[: k * WINDOW].reshape(k, WINDOW)
-        ctx = np.concatenate([self._context[None, :], wins[:-1, -CONTEXT:]], axis=0)
+        context = self._context
         self._context = wins[-1, -CONTEXT:].copy()
-        framed = np.concatenate([ctx, wins], axis=1)
+        framed: np.ndarray | None = None  # each window with its context: built only if the model runs
         probs = np.zeros(k, dtype=np.float32)
-        levels = window_dbfs(wins)
+        levels = window_dbfs(wins).tolist()
         i = 0
         while i < k:  # runs of windows that need the model go to it together, in order
             j = i
-            while j < k and self._gate.needs_model(float(levels[j])):
+            while j < k and self._gate.needs_model(levels[j]):
                 j += 1
             if j > i:
+                if framed is None:
+                    ctx = np.concatenate([context[None, :], wins[:-1, -CONTEXT:]], axis=0)
+                    framed = np.concatenate([ctx, wins], axis=1)
                 probs[i:j], self._h, self._c = self._model.step(framed[i:j], self._h, self._c)
                 for n in range(i, j):
-                    self._gate.observe(float(levels[n]), float(probs[n]), skipped=False)
+                    self._gate.observe(levels[n], float(probs[n]), skipped=False)
             else:  # a quiet window: probability 0, the LSTM state stays as it was
-                self._gate.observe(float(levels[i]), 0.0, skipped=True)
+                self._gate.observe(levels[i], 0.0, skipped=True)
                 j = i + 1
             i = j
         return probs

@@ -28,6 +28,7 @@ from pipeline.session.session import Session
 from .budget import MIN_FRAME_S, ClientBudget, Pace
 from .edge import EdgeGuard
 from .http_front import HttpFront
+from .idle import FrameReader, IdleClient
 from .keepalive import keepalive
 from .openai_api import openai_app
 from .outbox import SlowClient, WsOutbox
@@ -54,10 +55,6 @@ AUTO_SESSIONS_PER_SLOT = 8
 """``--max-sessions 0`` (auto): this many open sessions per LLM batch slot (64 by default).
 Sessions mostly listen; admission gates their turns, the cap bounds what idle sessions hold
 (buffers, VAD state, an outbox each)."""
-
-
-class IdleClient(Exception):
-    """The client sent no frame for ``ServerConfig.idle_timeout_s``."""
 
 
 class VoxpipeServer:
@@ -185,6 +182,7 @@ class VoxpipeServer:
         metrics.SESSIONS.inc()
         logger.info("session %s opened from %s", sid, ws.remote_address)
         alive: asyncio.Task | None = None
+        idle: asyncio.Task | None = None
         try:
             if not self.ready:
                 reason = "not_ready"
@@ -193,12 +191,11 @@ class VoxpipeServer:
             budget = ClientBudget(s)
             if wire is not None:
                 await wire.open()
-            loop = asyncio.get_running_loop()
-            last_frame = loop.time()
-            alive = asyncio.create_task(keepalive(ws, lambda: last_frame, s.keepalive_s, s.keepalive_s))
+            reader = FrameReader(ws, s.idle_timeout_s, lambda: session.turn_state.busy)
+            alive = asyncio.create_task(keepalive(ws, lambda: reader.last, s.keepalive_s, s.keepalive_s))
+            idle = asyncio.create_task(reader.watch())
             while True:
-                message = await self._next_frame(ws, session)
-                last_frame = loop.time()
+                message = await reader.recv()
                 if getattr(ws, "state", None) is State.CLOSED:  # gone: what it queued is not worth answering
                     break
                 if wire is not None:  # /v1/realtime: appended audio paced as audio, other frames as text
@@ -231,8 +228,9 @@ class VoxpipeServer:
             except Exception:  # noqa: BLE001
                 pass
         finally:
-            if alive is not None:
-                alive.cancel()
+            for task in (alive, idle):
+                if task is not None:
+                    task.cancel()
             await session.close()
             out.close()
             try:
@@ -244,21 +242,6 @@ class VoxpipeServer:
             metrics.SESSIONS.dec()
             metrics.SESSIONS_CLOSED.labels(reason).inc()
             logger.info("session %s closed (%s)", sid, reason)
-
-    async def _next_frame(self, ws: ServerConnection, session: Session) -> str | bytes:
-        """The client's next frame; raises :class:`IdleClient` after ``idle_timeout_s``
-        without one while no reply is in progress (a user listening to a long answer is not
-        idle). ``recv`` is cancellation-safe: nothing is lost."""
-        idle = self.cfg.server.idle_timeout_s
-        if not idle:
-            return await ws.recv()
-        while True:
-            try:
-                async with asyncio.timeout(idle):
-                    return await ws.recv()
-            except TimeoutError:
-                if not session.turn_state.busy:
-                    raise IdleClient from None
 
     async def _audio(self, session: Session, budget: ClientBudget, data: bytes) -> None:
         """An audio frame, handled one second of audio at a time, each after its budget

@@ -30,6 +30,7 @@ from pipeline.session import events as ev
 from pipeline.session.endpointing import AllSpeech
 from pipeline.session.gate import CHARS_PER_SPEECH_S, TurnGate
 from pipeline.session.history import ChatHistory
+from pipeline.session.quiet_batch import QUIET_BATCH_MS, QuietBatcher
 from pipeline.session.replies import CANCEL_WAIT_S, Replies, send_busy
 from pipeline.session.speculation import HeldOutbox, Speculation
 from pipeline.session.status import StatusFeed
@@ -71,6 +72,7 @@ class Session:
         self.language: str | None = None
         self.history = ChatHistory(cfg.llm.system_prompt, examples=cfg.llm.examples)
         self._decoder: PcmDecoder | None = None
+        self._quiet = QuietBatcher(1)  # replaced by session.start
         self._tracker = TurnTracker(cfg.turn, AllSpeech())  # replaced by session.start
         self._turn_task: asyncio.Task | None = None  # final ASR of the latest turn, then its reply
         self._last_turn: tuple[int, int] | None = None  # (start, end) samples of the latest turn
@@ -102,6 +104,7 @@ class Session:
         self.fmt = PcmFormat(sample_rate, req.format, channels)
         await self.replies.cancel("restart")  # its audio is in the old output format
         self._decoder = PcmDecoder(self.fmt)
+        self._quiet = QuietBatcher(max(1, self.fmt.frame_bytes * sample_rate * QUIET_BATCH_MS // 1000))
         old_pos = self._tracker.pos
         self._tracker = TurnTracker(self.cfg.turn, self.engines.vad.stream() if vad else AllSpeech())
         self._drop_speculation(reopen=False)
@@ -133,13 +136,20 @@ class Session:
         return None if fmt is None else fmt.frame_bytes * fmt.sample_rate
 
     async def on_audio(self, data: bytes) -> None:
-        """Handle a binary audio frame in the declared format (any length)."""
+        """Handle a binary audio frame in the declared format (any length). While no speech
+        is in progress, frames are handled in batches of 80 ms (:mod:`~pipeline.session.quiet_batch`)."""
         decoder = self._decoder
         if not self.started or decoder is None:
             await self.error("no_session", "send session.start before audio")
             return
         if decoder.error is not None:
             return  # reported once; the stream is dropped until a new session.start
+        ep = self._tracker.endpointer
+        data = self._quiet.take(data, quiet=self._asr is None and not ep.in_speech and ep.pending_start is None)
+        if data:
+            await self._decode(decoder, data)
+
+    async def _decode(self, decoder: PcmDecoder, data: bytes) -> None:
         try:
             samples = decoder.feed(data)
         except AudioFormatError as exc:
@@ -153,6 +163,9 @@ class Session:
         if not self.started or decoder is None:
             await self.error("no_session", "send session.start first")
             return
+        held = self._quiet.drain()
+        if held and decoder.error is None:
+            await self._decode(decoder, held)
         await self._consume(decoder.flush())
         end = self._tracker.finish()
         if end is not None:
