@@ -453,8 +453,10 @@ def test_spoken_conversation_with_real_models_barge_in_and_a_server_restart(tmp_
         partial_s = time.monotonic() - t0
         shots(page, "real-01-partial")
         # the whole clip sent, its reply heard
-        s = until(page, f"s.state === 'assistant speaking' && window.voxpipe.samplesSent >= {len(x) / sr} * "
-                  "window.voxpipe.sampleRate && s.users.every(u => u.final === 'true')",
+        # (the reply may end before the clip's trailing silence is all sent: no wait on "speaking")
+        s = until(page, f"window.voxpipe.samplesSent >= {len(x) / sr} * window.voxpipe.sampleRate && "
+                  "s.users.every(u => u.final === 'true') && "
+                  "Object.values(window.voxpipe.responses).some(r => r.playedSamples > 0)",
                   "the whole clip's transcript and its reply heard", timeout_s=300)
         final = s["users"][-1]["text"]
         ref = manifest[JFK]["reference_transcript"]
@@ -463,6 +465,11 @@ def test_spoken_conversation_with_real_models_barge_in_and_a_server_restart(tmp_
         shots(page, "real-02-speaking")
 
         page.click("#stop")
+        # a fresh reply to talk over (a typed question cuts the old one as "new_turn", not barge-in)
+        n = page.evaluate("Object.keys(window.voxpipe.responses).length")
+        send_text(page, "Tell me a long story about a ship at sea.")
+        until(page, f"s.state === 'assistant speaking' && Object.keys(window.voxpipe.responses).length > {n}",
+              "the typed question's reply heard", timeout_s=300)
         page.click("#start")  # JFK again, over the reply
         s = until(page, "s.replies.some(r => r.reason === 'barge_in')", "the barge-in", timeout_s=300)
         rid = page.evaluate("Object.entries(window.voxpipe.responses).find(([k, r]) => r.reason === 'barge_in')[0]")
