@@ -122,8 +122,21 @@ def test_serve_rejects_bad_config():
     assert r.returncode == 2 and "llm.threads" in r.stderr
 
 
+@pytest.mark.parametrize("flags, says", [
+    (("--llm", "nosuch"), "--llm 'nosuch'"),
+    (("--device", "nosuch"), "--device 'nosuch'"),
+    (("--asr-model", "nosuch"), "unknown ASR model 'nosuch'"),
+])
+def test_serve_names_a_misspelt_model_or_device_in_one_line(flags, says):
+    """A typo is a one-line error and exit 2 (the ASR model's is found when it loads, first)."""
+    r = voxpipe("serve", "--port", str(free_port()), *flags, timeout=300)
+    assert r.returncode == 2 and says in r.stderr, r.stderr
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("voxpipe: ")]
+    assert "Traceback" not in r.stderr and len(errors) == 1 and says in errors[0], r.stderr
+
+
 def test_runtime_env_bounds_onednn_cache_but_user_setting_wins(monkeypatch):
-    from cli.main import _runtime_env
+    from cli.serve import runtime_env as _runtime_env
 
     monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")

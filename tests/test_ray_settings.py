@@ -159,7 +159,8 @@ def test_rays_exceptions_become_voxpipes():
 
 
 def test_serve_ray_flags():
-    from cli.main import _parser, _ray_options
+    from cli.main import _parser
+    from cli.serve import ray_options as _ray_options
 
     def opts(*argv: str):
         return _ray_options(_parser().parse_args(["serve", *argv]))
