@@ -375,7 +375,8 @@ class ServerConfig:
         slow_client_timeout_s: a client that does not read for this long is closed (10 s).
         max_sessions: open sessions at most; more connections are refused (HTTP 503 before
             the upgrade, or close code 1013) before they cost anything. 0 = auto: 8 per LLM
-            batch slot (64 with the default batch of 8).
+            batch slot (64 with the default batch of 8). The HTTP API (``/v1/...``) has a
+            cap of its own of the same size on open connections (503 with ``Retry-After``).
         token: bearer token required on ``/ws`` (``Authorization: Bearer …`` or
             ``?token=…``), and on ``/metrics`` when the host is not loopback; None = none
             (allowed on loopback only).

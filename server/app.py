@@ -79,13 +79,14 @@ class VoxpipeServer:
         self.edge = EdgeGuard(cfg.server)
         self.sessions = 0
         self.max_sessions = cfg.server.max_sessions or AUTO_SESSIONS_PER_SLOT * cfg.llm_batch.max_batch_size
+        self.http_front: HttpFront | None = None  # the HTTP API's connections, once serving
 
     async def serve(self, host: str | None = None, port: int | None = None):
         """Start listening; returns the websockets ``Server`` (use as async context). The
         same port serves the OpenAI-compatible HTTP API under ``/v1/`` (server/http_front.py)."""
         s = self.cfg.server
         self.start_tasks()
-        front = HttpFront(openai_app(self))
+        front = self.http_front = HttpFront(openai_app(self), max_connections=self.max_sessions)
         server = await serve(
             self.handle,
             host or s.host,

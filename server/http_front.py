@@ -61,6 +61,13 @@ CLOSE_GRACE_S = 2.0
 """At server close, how long cancelled requests get to finish before their sockets are aborted."""
 
 
+_FULL_BODY = (b'{"error": {"message": "server full: too many HTTP API connections open; try again shortly", '
+              b'"type": "server_busy", "code": "server_full"}}')
+FULL_RESPONSE = (b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 5\r\nContent-Type: application/json\r\n"
+                 b"Connection: close\r\nContent-Length: " + str(len(_FULL_BODY)).encode() + b"\r\n\r\n" + _FULL_BODY)
+"""The answer to a connection over :attr:`HttpFront.max_connections` (the OpenAI error shape)."""
+
+
 def is_http_api(request_line: bytes) -> bool:
     """Whether a request's first line (``METHOD TARGET HTTP/x.y``, no CRLF) is for the
     HTTP API: an origin-form target whose path is under ``/v1/`` and is not ``/v1/realtime``,
@@ -79,9 +86,12 @@ class HttpFront:
 
     Args:
         app: the ASGI application (:func:`server.openai_api.openai_app`).
+        max_connections: HTTP API connections open at once at most (0: no cap); one more is
+            answered 503 with ``Retry-After`` and closed before it costs anything.
     """
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, max_connections: int = 0) -> None:
+        self.max_connections = max_connections
         # no lifespan, no websockets in uvicorn, no proxy-header rewriting, our own logging
         self.config = uvicorn.Config(app, lifespan="off", http="h11", ws="none", log_config=None, access_log=False,
                                      proxy_headers=False, server_header=False, date_header=False,
@@ -107,6 +117,12 @@ class HttpFront:
         read so far."""
         if self.closing:
             transport.abort()
+            return
+        if self.max_connections and len(self.state.connections) >= self.max_connections:
+            logger.warning("HTTP API: %d connections open (the cap): refused one from %s", self.max_connections,
+                           transport.get_extra_info("peername"))
+            transport.write(FULL_RESPONSE)
+            transport.close()
             return
         proto = H11Protocol(self.config, self.state, self.app_state)
         transport.set_protocol(proto)

@@ -185,6 +185,34 @@ async def test_busy_server_answers_503_with_retry_after_before_any_work():
         assert re.search(r'voxpipe_admissions_total\{decision="refused",reason="queue"\} [1-9]', metrics)
 
 
+async def test_http_connections_over_the_cap_get_503_and_the_cap_frees_up():
+    """Keep-alive connections count until closed: with a cap of 2, a third is answered 503
+    (Retry-After, an OpenAI error) and closed at once; voice sessions are not affected."""
+    get_models = b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    async with fake_server(VoxpipeConfig(server=ServerConfig(max_sessions=2))) as srv:
+        held = []
+        for _ in range(2):  # two clients that keep their connections open
+            reader, writer = await asyncio.open_connection("127.0.0.1", srv.port)
+            writer.write(get_models)
+            assert (await asyncio.wait_for(reader.readline(), DEADLINE_S)).startswith(b"HTTP/1.1 200")
+            held.append(writer)
+        answer = await raw(srv.port, post({"model": "qwen", "messages": HELLO}, Connection="keep-alive"))
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 503") and b"Retry-After: 5" in head, answer
+        assert json.loads(body)["error"]["code"] == "server_full"
+        async with Client(srv.ws) as voice:  # sessions have their own cap
+            await voice.start()
+        held.pop().close()
+        async with client(srv.http) as c:
+            front = srv.app.http_front
+            assert front is not None
+            await until_true(lambda: len(front.state.connections) < 2, "a connection to close")
+            r = await c.chat.completions.create(model="qwen", messages=HELLO)
+            assert r.choices[0].message.content
+        for w in held:
+            w.close()
+
+
 async def test_engine_queue_full_is_503():
     llm = FakeLlm([Busy("llm is busy: 64 requests already queued")])
     async with fake_server(engines=fake_engines(llm=llm)) as srv, client(srv.http) as c:
