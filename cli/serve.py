@@ -92,16 +92,10 @@ def _check_llm(args) -> None:
         ValueError: an unknown name or ``--device``, a bad URL, or
             ``--tokenizer``/``--llm-api-key`` without a remote LLM.
     """
-    from pipeline.llm.loader import DEVICES, LLM_CHOICES
+    from pipeline.llm.loader import LLM_CHOICES, check_device
     from pipeline.llm.types import RemoteLlmSpec
 
-    if args.device not in DEVICES and not args.device.startswith("cuda:"):
-        raise ValueError(f"--device {args.device!r}: use one of {', '.join(DEVICES)} or cuda:N")
-    if args.device.startswith("cuda"):
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ValueError(f"--device {args.device}: this torch sees no CUDA device (use --device auto or cpu)")
+    check_device(args.device)
     if not RemoteLlmSpec.is_remote(args.llm):
         if args.llm not in LLM_CHOICES and not Path(args.llm).is_dir():
             raise ValueError(f"--llm {args.llm!r}: use one of {', '.join(LLM_CHOICES)}, a local transformers folder "

@@ -25,7 +25,8 @@ class IdleClient(Exception):
 class FrameReader:
     """Read a connection's frames; :meth:`recv` raises :class:`IdleClient` once no frame
     has come for ``idle_s`` seconds while it waited and ``busy()`` is false (a user
-    listening to a long reply is not idle).
+    listening to a long reply is not idle: the idle period then counts from the end of the
+    reply, as the client still plays the audio that was sent ahead).
 
     Args:
         ws: the connection.
@@ -65,18 +66,25 @@ class FrameReader:
         if not self.idle_s:
             return
         loop = self._loop
-        extended = self.last  # a busy session's deadline runs from here (not a frame: not ``last``)
+        extended = self.last  # the deadline also runs from here: the end of a reply (not a frame)
+        replying = False  # a reply was in progress at the last look: look every RECHECK_S
         while True:
-            since = max(self.last, extended)
-            await asyncio.sleep(max(0.0, since + self.idle_s - loop.time()))
+            wake = max(self.last, extended) + self.idle_s
+            if replying:
+                wake = min(wake, loop.time() + min(RECHECK_S, self.idle_s))
+            await asyncio.sleep(max(0.0, wake - loop.time()))
+            if replying:  # the idle period restarts when the reply ends
+                replying = self.busy()
+                extended = loop.time()
+                continue
             if loop.time() - max(self.last, extended) < self.idle_s:
                 continue  # a frame came meanwhile
             task = self._waiting
             if task is None:  # a frame is being handled: look again soon
                 await asyncio.sleep(min(RECHECK_S, self.idle_s))
                 continue
-            if self.busy():  # a reply in progress: another full period
-                extended = loop.time()
+            if self.busy():  # a reply in progress (its audio runs ahead of playback)
+                replying, extended = True, loop.time()
                 continue
             self._fired = True
             task.cancel()

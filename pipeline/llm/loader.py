@@ -112,6 +112,22 @@ QUANT_DEVICES = {"cpu-int4": "int4", "cpu-int8": "int8"}
 """``--device`` values that quantize the linear layers, and the quantization they use."""
 
 
+def check_device(device: str) -> None:
+    """Check a ``--device`` value before anything loads.
+
+    Raises:
+        ValueError: not one of :data:`DEVICES` or ``cuda:N``, or CUDA asked of a torch that
+            sees no CUDA device.
+    """
+    if device not in DEVICES and not device.startswith("cuda:"):
+        raise ValueError(f"--device {device!r}: use one of {', '.join(DEVICES)} or cuda:N")
+    if device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device {device}: this torch sees no CUDA device (use --device auto or cpu)")
+
+
 def resolve_device(device: str = "auto") -> str:
     """``device`` with ``auto`` made concrete: ``cuda`` when available, else ``cpu-int4``
     when the CPU runs bf16 natively (oneDNN AVX-512 BF16 / AMX: the int4 decode kernels and
