@@ -13,10 +13,14 @@ from pathlib import Path
 def runtime_env() -> None:
     """Thread and memory settings for the model runtimes, before any model loads (a user's
     own environment wins): idle OpenMP threads sleep instead of spinning (2-core budget),
-    and oneDNN keeps at most 256 compiled kernels — one per linear-layer shape and token
-    count (the LLM runner rounds step lengths up to multiples of 8, so its working set
-    fits); the default 1024 grew RSS by ~230 MB as steps of new lengths came (SmolLM2)."""
+    after a spin of :data:`pipeline.cpu_share.OMP_SPIN_COUNT` between a step's kernels; and oneDNN keeps at
+    most 256 compiled kernels — one per linear-layer shape and token count (the LLM runner
+    rounds step lengths up to multiples of 8, so its working set fits); the default 1024
+    grew RSS by ~230 MB as steps of new lengths came (SmolLM2)."""
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    from pipeline.cpu_share import OMP_SPIN_COUNT
+
+    os.environ.setdefault("GOMP_SPINCOUNT", str(OMP_SPIN_COUNT))
     os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "256")
 
 

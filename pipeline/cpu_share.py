@@ -12,7 +12,8 @@ burst thread count when nothing else computes (``LlmConfig.burst_threads``).
 
 Switching costs one ``torch.set_num_threads`` call (an OpenMP team-size change between
 parallel regions: microseconds); with ``OMP_WAIT_POLICY=PASSIVE`` an idle OpenMP thread
-sleeps instead of spinning, so the borrowed core is really given back.
+sleeps instead of spinning (after :data:`OMP_SPIN_COUNT`), so the borrowed core is really
+given back.
 """
 
 from __future__ import annotations
@@ -21,6 +22,14 @@ import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+
+OMP_SPIN_COUNT = 10000
+"""libgomp's spins before an idle OpenMP worker sleeps (``GOMP_SPINCOUNT``; libgomp counts
+~100,000 spins per ms, so ~0.1 ms). With ``OMP_WAIT_POLICY=PASSIVE`` alone it is 0: every
+one of a decode step's ~170 parallel kernels then wakes the LLM's second thread through a
+futex, and two threads decoded *slower* than one (default Qwen int4, batch 1: 28 vs 34
+tok/s; with this spin 44–50 vs 29–37, the spread of one noisy afternoon). An idle server
+still spins for nothing: a worker sleeps 0.1 ms after its last kernel."""
 
 
 class CpuShare:

@@ -43,7 +43,7 @@ def running_server(log: Path, *args: str, ready_s: float = 600, port: int | None
     block ends; yields ``(port, proc)`` once ``/healthz`` answers (the test fails with the
     log's tail if it exits or is not ready within ``ready_s``)."""
     port = port or free_port()
-    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
+    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", GOMP_SPINCOUNT="10000")
     with open(log, "w") as fh:
         proc = subprocess.Popen(
             [sys.executable, "-m", "cli", "serve", "--llm", "smollm2", "--port", str(port), *args],

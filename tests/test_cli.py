@@ -139,10 +139,12 @@ def test_runtime_env_bounds_onednn_cache_but_user_setting_wins(monkeypatch):
     from cli.serve import runtime_env as _runtime_env
 
     monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
     _runtime_env()
     assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "256"
     assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
+    assert os.environ["GOMP_SPINCOUNT"] == "10000"
 
 
 def test_ask_and_mic_pass_the_token_and_say_in_one_line_when_it_is_missing(audio_dir):

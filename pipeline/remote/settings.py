@@ -25,6 +25,7 @@ from pipeline.config import (
     TurnConfig,
     VoxpipeConfig,
 )
+from pipeline.cpu_share import OMP_SPIN_COUNT
 from pipeline.remote.types import FRONTEND_NAME, INGRESS_NAME, RemoteStageName
 
 SECTIONS: dict[str, type] = {"asr": AsrConfig, "llm": LlmConfig, "llm_batch": SchedulerConfig, "tts": TtsConfig,
@@ -54,7 +55,8 @@ the YAML) says otherwise. Fractional CPUs: the three fit a 2-CPU Ray node."""
 HEALTH_OPTIONS: dict[str, float] = {"health_check_period_s": 10.0, "health_check_timeout_s": 30.0,
                                     "graceful_shutdown_timeout_s": 5.0}
 """Serve calls each replica's ``check_health`` (a tiny forward pass) this often."""
-RUNTIME_ENV_VARS = {"OMP_WAIT_POLICY": "PASSIVE", "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "256"}
+RUNTIME_ENV_VARS = {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": str(OMP_SPIN_COUNT),
+                    "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "256"}
 """Thread settings every replica process gets (as ``voxpipe serve`` sets for itself)."""
 
 
