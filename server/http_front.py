@@ -36,6 +36,8 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.server import ServerState
 from websockets.asyncio.server import Server, ServerConnection
 
+from pipeline import metrics
+
 logger = logging.getLogger(__name__)
 
 MAX_REQUEST_LINE = 8192
@@ -119,8 +121,9 @@ class HttpFront:
             transport.abort()
             return
         if self.max_connections and len(self.state.connections) >= self.max_connections:
-            logger.warning("HTTP API: %d connections open (the cap): refused one from %s", self.max_connections,
-                           transport.get_extra_info("peername"))
+            metrics.HTTP_API_REQUESTS.labels("connection_cap", "503").inc()  # a count, not a log line per flood
+            logger.debug("HTTP API: %d connections open (the cap): refused one from %s", self.max_connections,
+                         transport.get_extra_info("peername"))
             transport.write(FULL_RESPONSE)
             transport.close()
             return

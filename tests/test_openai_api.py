@@ -200,6 +200,9 @@ async def test_http_connections_over_the_cap_get_503_and_the_cap_frees_up():
         head, _, body = answer.partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 503") and b"Retry-After: 5" in head, answer
         assert json.loads(body)["error"]["code"] == "server_full"
+        scraped = (await raw(srv.port, b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+                   ).decode()
+        assert re.search(r'voxpipe_http_api_requests_total\{endpoint="connection_cap",status="503"\} [1-9]', scraped)
         async with Client(srv.ws) as voice:  # sessions have their own cap
             await voice.start()
         held.pop().close()
