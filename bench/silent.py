@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from bench.edge import RATE, VICTIM_CLIPS, _victim_turns, _wait_for_event, victim_turn
+from bench.edge import VICTIM_CLIPS, _victim_turns, victim_turn
+from bench.edge_abuser import RATE, wait_for_event
 from bench.load import pct
 
 if TYPE_CHECKING:
@@ -94,7 +95,7 @@ async def _silent_session(url: str, second: bytes, stop: asyncio.Task, counts: d
 
 
 async def _crowd(url: str, n: int, noise_dbfs: float | None, stop_ev: MpEvent, conn: Any) -> dict:
-    stop = asyncio.create_task(_wait_for_event(stop_ev))
+    stop = asyncio.create_task(wait_for_event(stop_ev))
     counts = {"events": 0}
     tasks = [asyncio.create_task(_silent_session(url, crowd_frame(noise_dbfs, k), stop, counts)) for k in range(n)]
     await asyncio.sleep(1.0)

@@ -11,17 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.edge import (
-    BIG_FRAME_BYTES,
-    AbuserStats,
-    ScenarioResult,
-    abuser_stream,
-    big_frame,
-    format_table,
-    stream_frames,
-    summarize,
-    within_limit,
-)
+from bench.edge import ScenarioResult, format_table, summarize, within_limit
+from bench.edge_abuser import BIG_FRAME_BYTES, AbuserStats, abuser_stream, big_frame, stream_frames
 from bench.voice import TurnRow
 
 ROOT = Path(__file__).resolve().parent.parent
