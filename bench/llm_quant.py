@@ -25,14 +25,17 @@ import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
-DEVICES = ("cpu", "cpu-int8", "cpu-int4", "cpu-int4+head", "cpu-int4-head")
-"""Rows: bf16, the two ``--device`` quantizations (LM head quantized when it is untied), and
-int4 with the LM head forced quantized (``+head``) or bf16 (``-head``)."""
+DEVICES = ("cpu", "cpu-int8", "cpu-int4", "cpu-int4+head", "cpu-int4-head", "cpu-int4-aten")
+"""Rows: bf16, the two ``--device`` quantizations (LM head quantized when it is untied), int4
+with the LM head forced quantized (``+head``) or bf16 (``-head``), and int4 on PyTorch's
+kernel instead of voxpipe's (``-aten``)."""
 
 
 def _load(name: str, dev: str, threads: int | None = None):
     from pipeline.llm.loader import load_llm
 
+    if dev == "cpu-int4-aten":
+        return load_llm(name, device="cpu-int4", threads=threads, native_int4=False)
     head = {"+head": True, "-head": False}.get(dev[-5:])
     return load_llm(name, device=dev[:-5] if head is not None else dev, threads=threads, quant_head=head)
 

@@ -17,12 +17,14 @@ def test_forced_quantized_runs_the_kernel_for_wide_steps_and_restores():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 32, bias=False)).to(torch.bfloat16)
     quantize_linears(model, "int4")
+    rows = model[0].max_rows
+    assert rows in (4, 8)  # PyTorch's kernel or voxpipe's (quant_linear.MAX_ROWS, NATIVE_MAX_ROWS)
     x = torch.randn(16, 64).to(torch.bfloat16)  # 16 rows: the bf16 copy by default
     dense = model(x)
     with forced_quantized(model):
         quant = model(x)
     assert not torch.equal(dense, quant) and torch.equal(model(x), dense)
-    assert model[0].max_rows == 4
+    assert model[0].max_rows == rows
 
 
 def test_the_tables_print_absent_rows():

@@ -178,7 +178,7 @@ def load_tokenizer(path: str) -> Any:
 
 
 def load_llm(name: str, *, device: str = "auto", threads: int | None = None,
-             quant_head: bool | None = None) -> LoadedLLM:
+             quant_head: bool | None = None, native_int4: bool | None = None) -> LoadedLLM:
     """Load the chat model ``name`` (see :func:`llm_folder`) for inference.
 
     Args:
@@ -187,6 +187,8 @@ def load_llm(name: str, *, device: str = "auto", threads: int | None = None,
         threads: torch intra-op threads on CPU (DESIGN.md: give each engine a budget).
         quant_head: with ``cpu-int4``/``cpu-int8``, quantize the LM head too (None: when
             it is not tied to the input embedding, :func:`~pipeline.llm.runner.quant_linear.quantize_linears`).
+        native_int4: with ``cpu-int4``, voxpipe's own kernel (None: where the CPU has it;
+            False: PyTorch's, for comparison).
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -201,7 +203,7 @@ def load_llm(name: str, *, device: str = "auto", threads: int | None = None,
     if device in QUANT_DEVICES:
         from pipeline.llm.runner.quant_linear import quantize_linears
 
-        logger.info("%s", quantize_linears(model, QUANT_DEVICES[device], lm_head=quant_head))
+        logger.info("%s", quantize_linears(model, QUANT_DEVICES[device], lm_head=quant_head, native=native_int4))
     if dev.type == "cpu" and dtype == torch.bfloat16:
         from pipeline.llm.runner.cpu_linear import pack_linears
 

@@ -14,7 +14,12 @@ traffic; 4-bit weights cut that traffic ~4×. PyTorch ships the CPU kernels:
 * int8, per output channel, symmetric: ``torch.ops.aten._weight_int8pack_mm(x, q, scales)``
   with ``q`` int8 ``[N, K]`` and ``scales`` ``[N]`` in x's dtype.
 
-Both kernels dequantize inside the inner loop, so their cost grows with the rows of ``x``:
+Where the CPU has AVX-512 VNNI and a C compiler is found, int4 layers run voxpipe's own
+kernel instead (:mod:`~pipeline.llm.runner.q4_native`: int8 activations, ``vpdpbusd``, fp16
+scale and min per group of 32), which reads the weights at the memory bandwidth at batch 1
+and unpacks them once for up to 8 rows; the paragraph below is about PyTorch's kernels.
+
+Both PyTorch kernels dequantize inside the inner loop, so their cost grows with the rows of ``x``:
 measured here (2-core EPYC, AVX-512 BF16, a Qwen2.5-0.5B-shaped stack of 24 layers, one
 thread) int4 takes 21 ms per step at 1 row against 50 ms for oneDNN bf16, 43 vs 80 ms at 4
 rows, 94 vs 88 at 8 and 846 vs 407 at 64; int8 48 vs 50 at 1 row and worse beyond. So each
@@ -35,6 +40,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from pipeline.llm.runner import q4_native
 from pipeline.llm.runner.cpu_linear import PackedLinear, packing_supported
 
 logger = logging.getLogger(__name__)
@@ -50,8 +56,13 @@ GROUP_SIZES = (32, 64, 128)
 """Int4 groups the kernel takes (a layer whose K no group divides stays bf16)."""
 
 MAX_ROWS = {"int4": 4, "int8": 1}
-"""Default rows per step up to which the quantized kernel runs (above: the bf16 copy), from
-the crossover measured above (int4 wins up to 4 rows, ties at 8; int8 wins only at 1)."""
+"""Default rows per step up to which PyTorch's quantized kernel runs (above: the bf16 copy),
+from the crossover measured above (int4 wins up to 4 rows, ties at 8; int8 wins only at 1)."""
+
+NATIVE_MAX_ROWS = 8
+"""The same for voxpipe's int4 kernel (:mod:`~pipeline.llm.runner.q4_native`), which unpacks
+each weight tile once for up to 8 rows: on a 12-layer Qwen-shaped stack it took 0.4× oneDNN
+bf16's time at 1 row, 0.8× at 8, 1.0× at 12 and 1.3× at 16 (one thread; two alike)."""
 
 KINDS = ("int4", "int8")
 
@@ -79,7 +90,7 @@ def quantize_int4(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tens
     q = torch.empty((n, k), dtype=torch.int32)
     sz = torch.empty((n, k // group, 2), dtype=torch.bfloat16)
     for r in range(0, n, _ROWS):  # row blocks: the fp32 temporaries stay in cache
-        wg = w[r:r + _ROWS].detach().float().reshape(-1, k // group, group)
+        wg = w[r:r + _ROWS].detach().to(torch.float32, copy=True).reshape(-1, k // group, group)
         lo, hi = torch.aminmax(wg, dim=-1, keepdim=True)
         scale = ((hi - lo) / 15).clamp_(min=1e-6).to(torch.bfloat16).float()
         zero = (lo + 8 * scale).to(torch.bfloat16).float()
@@ -96,6 +107,32 @@ def dequantize_int4(q: torch.Tensor, scales_and_zeros: torch.Tensor, group: int)
     return ((q.float().reshape(n, k // group, group) - 8) * s[..., None] + z[..., None]).reshape(n, k)
 
 
+def quantize_int4_min(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Min/max int4 of ``w`` ``[N, K]`` in groups of 32 along K for :mod:`q4_native`'s kernel.
+
+    Returns ``(q int32 [N, K] in 0..15, scale fp16 [N, K/32], min fp16 [N, K/32])`` with
+    ``W ≈ q · scale + min``; q is rounded against the fp16 scale and min the kernel reads.
+
+    Raises:
+        ValueError: ``w`` not 2-D or K not a multiple of 32.
+    """
+    g = q4_native.GROUP
+    if w.dim() != 2 or w.shape[1] % g:
+        raise ValueError(f"int4 needs a 2-D weight with K a multiple of {g}, got {tuple(w.shape)}")
+    n, k = w.shape
+    q = torch.empty((n, k), dtype=torch.int32)
+    scale = torch.empty((n, k // g), dtype=torch.float16)
+    mn = torch.empty((n, k // g), dtype=torch.float16)
+    for r in range(0, n, _ROWS):
+        wg = w[r:r + _ROWS].detach().to(torch.float32, copy=True).reshape(-1, k // g, g)
+        lo, hi = torch.aminmax(wg, dim=-1, keepdim=True)
+        s = ((hi - lo) / 15).clamp_(min=1e-6).to(torch.float16).float()
+        lo = lo.to(torch.float16).float()
+        q[r:r + _ROWS] = wg.sub_(lo).div_(s).round_().clamp_(0, 15).reshape(-1, k)
+        scale[r:r + _ROWS], mn[r:r + _ROWS] = s[..., 0], lo[..., 0]
+    return q, scale, mn
+
+
 def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric per-output-channel int8: ``(q int8 [N, K], scales bf16 [N])``,
     ``W ≈ q · scale``, scale = max|row| / 127."""
@@ -109,7 +146,8 @@ class QuantLinear(torch.nn.Module):
 
     Input ``(..., in_features)`` bf16 → ``(..., out_features)`` bf16. Steps of at most
     ``max_rows`` rows (the product of the leading dims) run the quantized kernel, larger
-    ones the bf16 copy (``max_rows=None``: always quantized, no copy kept).
+    ones the bf16 copy (``max_rows=None``: always quantized, no copy kept). Int4 runs
+    voxpipe's kernel (``native``; None: where :func:`q4_native.available`), else PyTorch's.
 
     Raises (at construction):
         ValueError: an unknown kind, a shape the kernel does not take (N not a multiple of 16
@@ -118,7 +156,7 @@ class QuantLinear(torch.nn.Module):
     """
 
     def __init__(self, lin: torch.nn.Linear, kind: str, *, group: int = INT4_GROUP_SIZE,
-                 max_rows: int | None = None) -> None:
+                 max_rows: int | None = None, native: bool | None = None) -> None:
         super().__init__()
         if kind not in KINDS:
             raise ValueError(f"unknown quantization {kind!r}: use one of {KINDS}")
@@ -126,19 +164,29 @@ class QuantLinear(torch.nn.Module):
         self.kind, self.in_features, self.out_features = kind, lin.in_features, lin.out_features
         self.max_rows = max_rows
         self.group = 0
+        self.native = False
         if kind == "int4":
-            self.group = next((g for g in (group, *GROUP_SIZES) if self.in_features % g == 0), 0)
+            self.native = (q4_native.available() if native is None else native) and \
+                self.in_features % q4_native.GROUP == 0 and self.out_features % q4_native.TILE == 0
+            self.group = q4_native.GROUP if self.native else \
+                next((g for g in (group, *GROUP_SIZES) if self.in_features % g == 0), 0)
             if self.out_features % 16 or not self.group:
                 raise ValueError(f"int4 kernel does not take a {self.out_features}x{self.in_features} weight")
-            q, sz = quantize_int4(w, self.group)
-            self.register_buffer("qweight", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1))
-            self.register_buffer("qscale", sz)
+            if self.native:
+                self._register_native(w)
+            else:
+                q, sz = quantize_int4(w, self.group)
+                self.register_buffer("qweight", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1))
+                self.register_buffer("qscale", sz)
         else:
             q8, s8 = quantize_int8(w)
             self.register_buffer("qweight", q8)
             self.register_buffer("qscale", s8)
         self.bias: torch.Tensor | None
+        self.qweight: torch.Tensor
+        self.qscale: torch.Tensor
         self.register_buffer("bias", None if lin.bias is None else lin.bias.detach().to(torch.bfloat16))
+        self.bias_f32 = None if self.bias is None else self.bias.float()
         self.dense: torch.nn.Module | None = None
         if max_rows is not None:
             self.dense = PackedLinear(lin) if packing_supported() else lin
@@ -147,7 +195,15 @@ class QuantLinear(torch.nn.Module):
         except RuntimeError as exc:
             raise ValueError(f"{kind} kernel rejects a {self.out_features}x{self.in_features} weight: {exc}") from exc
 
+    def _register_native(self, w: torch.Tensor) -> None:
+        packed, scales = q4_native.pack(*quantize_int4_min(w))
+        self.register_buffer("qweight", packed)
+        self.register_buffer("qscale", scales)
+
     def _quantized(self, x2: torch.Tensor) -> torch.Tensor:
+        if self.native:
+            return q4_native.gemm(x2, self.qweight, self.qscale, self.out_features, bias=self.bias_f32,
+                                  out_dtype=torch.bfloat16)
         if self.kind == "int4":
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.qweight, self.group, self.qscale)
         else:
@@ -159,11 +215,12 @@ class QuantLinear(torch.nn.Module):
         if self.dense is not None and self.max_rows is not None and rows > self.max_rows:
             return self.dense(x)
         y = self._quantized(x.reshape(rows, self.in_features).to(torch.bfloat16).contiguous())
-        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+        y = y.reshape(*x.shape[:-1], self.out_features)
+        return y if x.dtype == torch.bfloat16 else y.to(x.dtype)
 
     def extra_repr(self) -> str:
         return (f"{self.kind}, in={self.in_features}, out={self.out_features}, group={self.group}, "
-                f"max_rows={self.max_rows}")
+                f"max_rows={self.max_rows}, kernel={'voxpipe q4_vnni' if self.native else 'aten'}")
 
 
 @dataclass(slots=True)
@@ -180,7 +237,8 @@ class QuantReport:
 
 
 def quantize_linears(model: torch.nn.Module, kind: str, *, group: int = INT4_GROUP_SIZE,
-                     max_rows: int | None | str = "default", lm_head: bool | None = None) -> QuantReport:
+                     max_rows: int | None | str = "default", lm_head: bool | None = None,
+                     native: bool | None = None) -> QuantReport:
     """Replace the bf16 CPU ``nn.Linear`` layers of ``model`` by :class:`QuantLinear`, in place.
 
     Args:
@@ -188,8 +246,9 @@ def quantize_linears(model: torch.nn.Module, kind: str, *, group: int = INT4_GRO
         kind: ``int4`` or ``int8``.
         group: preferred int4 group (a layer whose K it does not divide takes the next of
             :data:`GROUP_SIZES` that does).
-        max_rows: rows per step up to which the quantized kernel runs (:data:`MAX_ROWS` by
-            default; None: always, and no bf16 copy kept).
+        max_rows: rows per step up to which the quantized kernel runs (by default
+            :data:`NATIVE_MAX_ROWS` with voxpipe's int4 kernel, else :data:`MAX_ROWS`; None:
+            always, and no bf16 copy kept).
         lm_head: quantize the output projection too (the embedding never is). None
             (default): only when it is its own tensor, not tied to the input embedding.
             Measured (bench/llm_quant.py, perplexity of bf16's greedy replies, int4 / bf16):
@@ -198,6 +257,8 @@ def quantize_linears(model: torch.nn.Module, kind: str, *, group: int = INT4_GRO
             1.001 with the head in bf16, 1.066 with it in int4; Qwen2.5-0.5B (own Q8_0 head,
             27 % of the weights read per token) 1.035 and 1.033 on 20 prompts (1.044 on all
             46 with the head in int4).
+        native: int4 through voxpipe's kernel (:mod:`~pipeline.llm.runner.q4_native`); None:
+            where it is available.
 
     Returns:
         A :class:`QuantReport`. Layers the kernels do not take stay as they were (bf16) and
@@ -208,7 +269,10 @@ def quantize_linears(model: torch.nn.Module, kind: str, *, group: int = INT4_GRO
     """
     if kind not in KINDS:
         raise ValueError(f"unknown quantization {kind!r}: use one of {KINDS}")
-    rows = MAX_ROWS[kind] if max_rows == "default" else max_rows
+    if max_rows == "default":
+        max_rows = NATIVE_MAX_ROWS if kind == "int4" and native is not False and q4_native.available() \
+            else MAX_ROWS[kind]
+    rows = max_rows
     assert rows is None or isinstance(rows, int)
     report = QuantReport(kind)
     get_head, get_emb = (getattr(model, f, None) for f in ("get_output_embeddings", "get_input_embeddings"))
@@ -224,7 +288,8 @@ def quantize_linears(model: torch.nn.Module, kind: str, *, group: int = INT4_GRO
             report.kept[full] = "not quantized by choice"
             continue
         try:
-            setattr(parent, name, QuantLinear(child.to(torch.bfloat16), kind, group=group, max_rows=rows))
+            setattr(parent, name, QuantLinear(child.to(torch.bfloat16), kind, group=group, max_rows=rows,
+                                              native=native))
             report.quantized.append(full)
         except ValueError as exc:
             report.kept[full] = str(exc)

@@ -1,0 +1,168 @@
+"""voxpipe's own int4 CPU GEMM (``q4_vnni.c``): int4 weights × int8 activations on AVX-512 VNNI.
+
+PyTorch's ``_weight_int4pack_mm_for_cpu`` converts every weight to fp32 and multiplies in
+fp32, so on this class of CPU it is bound by that arithmetic, not by reading the weights
+(1.5× bf16 at batch 1 where the bytes read shrink 3.5×), and it unpacks each weight again
+for every block of 4 rows. ``q4_vnni.c`` quantizes the activations per group of 32 to int8
+(llama.cpp's Q8_0 scheme) and multiplies with ``vpdpbusd`` (16 outputs × 4 weights per
+instruction), unpacking each weight tile once for up to 8 rows.
+
+The C file is compiled on first use with the system C compiler into a per-user cache
+(``$VOXPIPE_KERNEL_CACHE``, default ``~/.cache/voxpipe/kernels``, named by the source's hash)
+and loaded with :mod:`ctypes` (which releases the GIL during the call). Where the CPU lacks
+AVX-512 VNNI/BW or F16C, or no compiler is found, :func:`available` is False and the callers
+use PyTorch's kernel.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("q4_vnni.c")
+GROUP = 32
+"""Weights per scale/min pair along K (fixed in the kernel)."""
+TILE = 16
+"""Outputs per tile (one 512-bit register of int32 sums)."""
+CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c", "fma")
+"""``/proc/cpuinfo`` flags the kernel needs."""
+CFLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl",
+          "-mavx512vnni", "-mf16c", "-mfma")
+
+
+def cpu_supported(cpuinfo: str | None = None) -> bool:
+    """True when the CPU has every flag in :data:`CPU_FLAGS` (read from ``/proc/cpuinfo``
+    unless ``cpuinfo`` is given; False where it cannot be read)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return False
+    flags = next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines() if line.startswith("flags")), [])
+    return all(f in flags for f in CPU_FLAGS)
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("VOXPIPE_KERNEL_CACHE") or Path.home() / ".cache" / "voxpipe" / "kernels")
+
+
+def build(dest_dir: Path | None = None) -> Path:
+    """Compile ``q4_vnni.c`` (once per source version) and return the shared library's path.
+
+    Raises:
+        RuntimeError: no C compiler, or the compiler failed (its stderr in the message).
+    """
+    src = SOURCE.read_bytes()
+    tag = hashlib.sha256(src + " ".join(CFLAGS).encode()).hexdigest()[:16]
+    dest_dir = dest_dir or cache_dir()
+    lib = dest_dir / f"q4_vnni-{tag}.so"
+    if lib.exists():
+        return lib
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        raise RuntimeError("no C compiler (cc/gcc) to build the int4 kernel")
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=dest_dir)
+    os.close(fd)
+    try:
+        try:
+            res = subprocess.run([cc, *CFLAGS, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True,
+                                 timeout=300)
+        except OSError as exc:
+            raise RuntimeError(f"the C compiler {cc} could not run: {exc}") from exc
+        if res.returncode:
+            raise RuntimeError(f"building the int4 kernel failed: {res.stderr.strip()[-2000:]}")
+        os.replace(tmp, lib)  # atomic: concurrent builders each write their own temp file
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return lib
+
+
+@functools.cache
+def _library() -> ctypes.CDLL | None:
+    if os.environ.get("VOXPIPE_NATIVE_INT4", "1") == "0" or not cpu_supported():
+        return None
+    try:
+        lib = ctypes.CDLL(str(build()))
+    except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+        logger.warning("int4 kernel unavailable, using PyTorch's: %s", exc)
+        return None
+    fn = lib.q4_gemm
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 5
+    return lib
+
+
+def available() -> bool:
+    """True when the kernel runs here (CPU flags, a compiler, ``VOXPIPE_NATIVE_INT4`` not 0)."""
+    return _library() is not None
+
+
+def pack(q: torch.Tensor, scale: torch.Tensor, mn: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel's layout of ``W = q · scale + min``.
+
+    Args:
+        q: int ``[N, K]``, values 0..15; N a multiple of 16, K of 32.
+        scale, mn: ``[N, K/32]``, any float dtype (stored fp16).
+
+    Returns:
+        ``(weights uint8 [N·K/2], scales_and_mins fp16 [N/16 · K/32 · 32])`` (the layout in
+        ``q4_vnni.c``'s header).
+
+    Raises:
+        ValueError: a shape the kernel does not take.
+    """
+    n, k = q.shape
+    if n % TILE or k % GROUP or scale.shape != (n, k // GROUP) or mn.shape != scale.shape:
+        raise ValueError(f"int4 kernel does not take q {tuple(q.shape)}, scales {tuple(scale.shape)}")
+    t, g = n // TILE, k // GROUP
+    # k = 32 g + 8 p + 4 half + j  ->  [t, g, p, i, j, half]
+    v = q.to(torch.uint8).reshape(t, TILE, g, 4, 2, 4).permute(0, 2, 3, 1, 5, 4)
+    w = (v[..., 0] | (v[..., 1] << 4)).contiguous().reshape(-1)
+    sm = torch.stack([scale.to(torch.float16).reshape(t, TILE, g), mn.to(torch.float16).reshape(t, TILE, g)],
+                     0)  # [2, t, i, g]
+    return w, sm.permute(1, 3, 0, 2).contiguous().reshape(-1)  # [t, g, (scale|min), i]
+
+
+def gemm(x: torch.Tensor, w: torch.Tensor, sm: torch.Tensor, n: int, *, bias: torch.Tensor | None = None,
+         out_dtype: torch.dtype = torch.float32, threads: int | None = None) -> torch.Tensor:
+    """``x @ W.T + bias``: ``x`` ``[M, K]`` (taken as contiguous bf16) → ``[M, N]`` in
+    ``out_dtype`` (fp32, or bf16 rounded to nearest even).
+
+    Args:
+        x: activations; any float dtype (converted to bf16, the kernel's input).
+        w, sm: :func:`pack`'s output for an ``[N, K]`` weight.
+        n: N.
+        bias: fp32 ``[N]`` (made fp32 contiguous) or None.
+        out_dtype: ``torch.float32`` or ``torch.bfloat16``.
+        threads: OpenMP threads (None: ``torch.get_num_threads()``).
+
+    Raises:
+        RuntimeError: the kernel is not available, or it rejected the shapes.
+    """
+    lib = _library()
+    if lib is None:
+        raise RuntimeError("int4 kernel not available")
+    if x.dtype != torch.bfloat16 or not x.is_contiguous():
+        x = x.to(torch.bfloat16).contiguous()
+    if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
+        bias = bias.float().contiguous()
+    m, k = x.shape
+    y = torch.empty((m, n), dtype=out_dtype)
+    rc = lib.q4_gemm(w.data_ptr(), sm.data_ptr(), x.data_ptr(), None if bias is None else bias.data_ptr(),
+                     y.data_ptr(), m, n, k, threads or torch.get_num_threads(), out_dtype == torch.bfloat16)
+    if rc:
+        raise RuntimeError(f"int4 kernel rejected x {tuple(x.shape)} for N={n}")
+    return y
