@@ -181,3 +181,16 @@ def test_switching_the_kernel_off_falls_back_to_pytorch(monkeypatch):
     finally:
         monkeypatch.delenv("VOXPIPE_NATIVE_INT4")
         q4_native._library.cache_clear()
+
+
+@needs_kernel
+def test_a_damaged_library_in_the_cache_is_built_again(tmp_path, monkeypatch):
+    monkeypatch.setenv("VOXPIPE_KERNEL_CACHE", str(tmp_path))
+    lib = q4_native.build()
+    lib.write_bytes(lib.read_bytes()[:100])  # truncated
+    q4_native._library.cache_clear()
+    try:
+        assert q4_native.available()
+        assert lib.stat().st_size > 100
+    finally:
+        q4_native._library.cache_clear()

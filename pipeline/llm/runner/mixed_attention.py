@@ -18,6 +18,8 @@ argument it is plain SDPA, so every other forward is unchanged.
 
 from __future__ import annotations
 
+import threading
+
 import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -117,8 +119,7 @@ def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     rows = None if mask is None else mask.reshape(mask.shape[0], t).expand(b, t)
     starts, whole = [0] * b, [True] * b
     if rows is not None and rows.dtype == torch.bool:
-        first = rows.to(torch.int32).argmax(-1)
-        starts, whole = first.tolist(), (rows.sum(-1) == t - first).tolist()
+        starts, whole = _row_spans(mask, rows)  # type: ignore[arg-type]
     q = query.reshape(b, kv, h // kv, d).float()
     out = torch.empty((b, kv, h // kv, d), dtype=torch.float32)
     for i in range(b):
@@ -132,6 +133,22 @@ def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
             scores.add_(rows[i].float())
         torch.matmul(torch.softmax(scores, -1), v.float(), out=out[i])
     return out.to(value.dtype).reshape(b, 1, h, d)
+
+
+_spans = threading.local()
+
+
+def _row_spans(mask: torch.Tensor, rows: torch.Tensor) -> tuple[list[int], list[bool]]:
+    """Per row of a bool mask (B, T): its first True column, and whether every column after
+    it is True. Every layer of a forward gets the same mask object, so the answer is kept
+    for that object (holding it, so its identity cannot pass to a new tensor)."""
+    last = getattr(_spans, "last", None)
+    if last is not None and last[0] is mask:
+        return last[1], last[2]
+    first = rows.to(torch.int32).argmax(-1)
+    starts, whole = first.tolist(), (rows.sum(-1) == rows.shape[-1] - first).tolist()
+    _spans.last = (mask, starts, whole)
+    return starts, whole
 
 
 def _attention(module, query, key, value, mask, **kw) -> torch.Tensor:

@@ -95,7 +95,12 @@ def _library() -> ctypes.CDLL | None:
     if os.environ.get("VOXPIPE_NATIVE_INT4", "1") == "0" or not cpu_supported():
         return None
     try:
-        lib = ctypes.CDLL(str(build()))
+        path = build()
+        try:
+            lib = ctypes.CDLL(str(path))
+        except OSError:  # a damaged file in the cache (a disk filled mid-copy): build it again, once
+            path.unlink(missing_ok=True)
+            lib = ctypes.CDLL(str(build()))
     except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
         logger.warning("int4 kernel unavailable, using PyTorch's: %s", exc)
         return None
@@ -152,17 +157,42 @@ def gemm(x: torch.Tensor, w: torch.Tensor, sm: torch.Tensor, n: int, *, bias: to
     Raises:
         RuntimeError: the kernel is not available, or it rejected the shapes.
     """
-    lib = _library()
-    if lib is None:
-        raise RuntimeError("int4 kernel not available")
     if x.dtype != torch.bfloat16 or not x.is_contiguous():
         x = x.to(torch.bfloat16).contiguous()
     if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
         bias = bias.float().contiguous()
-    m, k = x.shape
-    y = torch.empty((m, n), dtype=out_dtype)
-    rc = lib.q4_gemm(w.data_ptr(), sm.data_ptr(), x.data_ptr(), None if bias is None else bias.data_ptr(),
-                     y.data_ptr(), m, n, k, threads or torch.get_num_threads(), out_dtype == torch.bfloat16)
+    if out_dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"int4 kernel writes fp32 or bf16, not {out_dtype}")
+    y = torch.empty((x.shape[0], n), dtype=out_dtype)
+    gemm_into(w, sm, bias, x, y, x.shape[0], threads)
+    return y
+
+
+def gemm_into(w: torch.Tensor, sm: torch.Tensor, bias: torch.Tensor | None, x: torch.Tensor, y: torch.Tensor,
+              rows: int, threads: int | None = None) -> None:
+    """:func:`gemm` without the conversions, for the layers' hot path: ``x`` contiguous bf16
+    ``[rows, K]`` (any leading shape), ``y`` contiguous fp32 or bf16 ``[rows, N]`` written in
+    place, ``bias`` contiguous fp32 ``[N]`` or None. The caller guarantees dtypes and
+    contiguity; shapes are checked by the kernel.
+
+    Raises:
+        RuntimeError: the kernel is not available, or it rejected the shapes.
+    """
+    fn = _entry()
+    n, k = y.shape[-1], x.shape[-1]
+    rc = fn(w.data_ptr(), sm.data_ptr(), x.data_ptr(), None if bias is None else bias.data_ptr(), y.data_ptr(),
+            rows, n, k, threads or torch.get_num_threads(), y.dtype is torch.bfloat16)
     if rc:
         raise RuntimeError(f"int4 kernel rejected x {tuple(x.shape)} for N={n}")
-    return y
+
+
+def _entry():
+    """The kernel's ctypes function.
+
+    Raises:
+        RuntimeError: the kernel is not available.
+    """
+    lib = _library()
+    if lib is None:
+        raise RuntimeError("int4 kernel not available")
+    return lib.q4_gemm
