@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from pipeline.llm.runner import decode_step
 from pipeline.llm.runner.batch_kv import BatchKV
 from pipeline.llm.runner.block_cache import BLOCK_SIZE, Block, BlockCache
 from pipeline.llm.runner.kv_rows import RowsKV
@@ -60,6 +61,9 @@ class ModelRunner:
         block_size: tokens per cached block.
         mixed: run the prefill chunks in the same forward as the decoding rows
             (:meth:`_mixed`); False runs them as a second, padded forward.
+        lean_decode: run decode steps through :func:`~pipeline.llm.runner.decode_step.decode`
+            (bit-identical, less Python) where the model supports it (with ``mixed``: it
+            needs voxpipe's attention).
     """
 
     BUCKET = 8
@@ -69,7 +73,7 @@ class ModelRunner:
     mean cache hits instead of recompiling, and bounded memory."""
 
     def __init__(self, model, device, pad_id: int, *, prefix_cache: bool = True, block_size: int = BLOCK_SIZE,
-                 mixed: bool = True) -> None:
+                 mixed: bool = True, lean_decode: bool = True) -> None:
         self.model, self.device, self.pad_id = model, device, pad_id
         self.slots: list[_Row | None] = []  # per batch slot: its request, None = free
         self.batch: BatchKV | None = None
@@ -80,6 +84,7 @@ class ModelRunner:
         self._held: dict[int, list[Block]] = {}  # rid -> cached blocks its prompt started from
         self._partial: dict[int, RowsKV] = {}  # rid -> KV of a prompt prefilled so far
         self.mixed = mixed and use_mixed_attention(model)
+        self.lean_decode = self.mixed and lean_decode and decode_step.supports(model)
 
     def set_threads(self, n: int) -> None:
         """Run the next steps with ``n`` torch intra-op threads (CPU only; call on the
@@ -216,11 +221,14 @@ class ModelRunner:
         """One token for every slot; returns logits (slots, vocab)."""
         batch, pos, last = self._decoding()
         attn = batch.open_column()
-        res = self.model(input_ids=last[:, None], attention_mask=attn, position_ids=pos[:, None],
-                         cache=batch.cache, use_cache=True, logits_to_keep=1)
+        if self.lean_decode:
+            logits = decode_step.decode(self.model, last[:, None], attn, pos[:, None], batch.cache)
+        else:
+            logits = self.model(input_ids=last[:, None], attention_mask=attn, position_ids=pos[:, None],
+                                cache=batch.cache, use_cache=True, logits_to_keep=1).logits[:, -1]
         batch.close_column()
         self.pos = pos + 1
-        return res.logits[:, -1]
+        return logits
 
     def _sample_slots(self, logits: torch.Tensor) -> dict[int, int]:
         """Sample the live slots' next tokens from their logits (slots, vocab)."""

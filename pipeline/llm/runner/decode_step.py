@@ -1,0 +1,80 @@
+"""A lean decode step for Llama-family models (Llama, Qwen2): the same arithmetic as
+transformers' forward, without its per-call machinery.
+
+With the weights read at the memory bandwidth (voxpipe's int4 kernel), a batch-1 decode
+step of Qwen2.5-0.5B on this 2-core CPU spent about a third of its time in Python around
+the kernels: ``nn.Module.__call__`` for ~340 submodules, deprecation and output-capture
+wrappers, per-layer keyword plumbing, and the mask builder. This step calls each
+submodule's ``forward`` directly, builds the decode mask once (the padding mask, as a
+(B, 1, 1, T) bool, which is what transformers' SDPA mask is for one query token) and runs
+the same functions in the same order (RMSNorm, projections, transformers' own
+``apply_rotary_pos_emb``, the cache update, voxpipe's attention, the MLP), so its logits
+are bit-identical to ``model(...)`` (tests/test_decode_step.py holds it to that).
+
+Only models it can prove that for take it (:func:`supports`): the two architectures above,
+every layer full attention, voxpipe's attention implementation, and no module hooks;
+anything else runs transformers' forward.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from pipeline.llm.runner.mixed_attention import NAME, mixed_attention
+
+MODEL_TYPES = ("llama", "qwen2")
+
+
+def supports(model) -> bool:
+    """True when :func:`decode` computes exactly what ``model(...)`` would for a decode step."""
+    cfg = getattr(model, "config", None)
+    inner = getattr(model, "model", None)
+    if cfg is None or inner is None or getattr(cfg, "model_type", None) not in MODEL_TYPES:
+        return False
+    if getattr(cfg, "_attn_implementation", None) != NAME or getattr(cfg, "use_sliding_window", False):
+        return False
+    if any(t != "full_attention" for t in getattr(cfg, "layer_types", None) or ["full_attention"]):
+        return False
+    if any(m._forward_hooks or m._forward_pre_hooks for m in model.modules()):
+        return False
+    if getattr(model, "lm_head", None) is None or len(inner.layers) != cfg.num_hidden_layers:
+        return False
+    return hasattr(sys.modules[type(inner.layers[0].self_attn).__module__], "apply_rotary_pos_emb")
+
+
+def decode(model, input_ids: torch.Tensor, attn: torch.Tensor, position_ids: torch.Tensor, cache) -> torch.Tensor:
+    """One decode step: logits (B, vocab) in the model's dtype.
+
+    Args:
+        model: a model for which :func:`supports` is True.
+        input_ids: (B, 1) long, each row's last token.
+        attn: (B, T) padding mask of the rows' columns including this step's (nonzero: attend).
+        position_ids: (B, 1) long.
+        cache: the rows' transformers cache (its ``update(k, v, layer)`` appends this
+            step's column and returns the layer's whole keys and values).
+    """
+    inner = model.model
+    rope = sys.modules[type(inner.layers[0].self_attn).__module__].apply_rotary_pos_emb
+    h = inner.embed_tokens.forward(input_ids)
+    cos, sin = inner.rotary_emb(h, position_ids)
+    mask = attn.bool()[:, None, None, :]
+    b = h.shape[0]
+    for i, layer in enumerate(inner.layers):
+        a = layer.self_attn
+        x = layer.input_layernorm.forward(h)
+        shape = (b, 1, -1, a.head_dim)
+        q = a.q_proj.forward(x).view(shape).transpose(1, 2)
+        k = a.k_proj.forward(x).view(shape).transpose(1, 2)
+        v = a.v_proj.forward(x).view(shape).transpose(1, 2)
+        q, k = rope(q, k, cos, sin)
+        k, v = cache.update(k, v, i)
+        o, _ = mixed_attention(a, q, k, v, mask, dropout=0.0, scaling=a.scaling,
+                               sliding_window=getattr(a, "sliding_window", None))
+        h = h + a.o_proj.forward(o.reshape(b, 1, -1).contiguous())
+        x = layer.post_attention_layernorm.forward(h)
+        m = layer.mlp
+        h = h + m.down_proj.forward(m.act_fn.forward(m.gate_proj.forward(x)) * m.up_proj.forward(x))
+    h = inner.norm.forward(h)
+    return model.lm_head.forward(h[:, -1:, :])[:, -1]

@@ -1,0 +1,78 @@
+"""The lean decode step (pipeline/llm/runner/decode_step.py): bit-identical logits and caches
+to transformers' forward, for Llama and Qwen2, bf16 and int4, batches with left padding;
+models it cannot prove that for take transformers' forward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pipeline.llm.runner import decode_step
+from pipeline.llm.runner.quant_linear import quantize_linears
+from pipeline.llm.runner.runner import ModelRunner
+from tests.test_batching import run
+
+
+def _tiny(kind: str, quant: bool):
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    common = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=512)
+    model = (LlamaForCausalLM(LlamaConfig(**common)) if kind == "llama" else
+             Qwen2ForCausalLM(Qwen2Config(**common))).eval().to(torch.bfloat16)
+    if quant:
+        quantize_linears(model, "int4", max_rows=None)
+    return model
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+@pytest.mark.parametrize("quant", [False, True])
+def test_lean_decode_gives_the_same_bits_as_transformers(kind, quant):
+    model = _tiny(kind, quant)
+    g = torch.Generator().manual_seed(3)
+    specs = [(i, torch.randint(1, 256, (int(torch.randint(3, 30, (1,), generator=g)),), generator=g).tolist(), 12)
+             for i in range(4)]
+    lean = ModelRunner(model, torch.device("cpu"), pad_id=0, prefix_cache=False)
+    plain = ModelRunner(model, torch.device("cpu"), pad_id=0, prefix_cache=False, lean_decode=False)
+    assert lean.lean_decode and not plain.lean_decode
+    calls = {"lean": 0, "hf": 0}
+    real = decode_step.decode
+
+    def counting(*a):
+        calls["lean"] += 1
+        return real(*a)
+
+    decode_step.decode = counting
+    try:
+        logits: dict[str, list[torch.Tensor]] = {"lean": [], "plain": []}
+        for name, runner in (("lean", lean), ("plain", plain)):
+            step = runner._decode
+
+            def recording(step=step, name=name):
+                out = step()
+                logits[name].append(out.clone())
+                return out
+
+            runner._decode = recording  # type: ignore[method-assign]
+            run(model, specs, max_batch=4, runner=runner)  # rows join at different steps: left padding
+    finally:
+        decode_step.decode = real
+    assert calls["lean"] == len(logits["lean"]) > 5
+    assert len(logits["lean"]) == len(logits["plain"])
+    for a, b in zip(logits["lean"], logits["plain"]):
+        assert torch.equal(a, b)
+
+
+def test_models_it_cannot_prove_run_transformers_forward():
+    model = _tiny("llama", False)
+    assert ModelRunner(model, torch.device("cpu"), pad_id=0).lean_decode
+    assert not ModelRunner(model, torch.device("cpu"), pad_id=0, mixed=False).lean_decode
+    handle = model.model.layers[0].mlp.register_forward_hook(lambda *a: None)  # a hook it would skip
+    assert not decode_step.supports(model)
+    handle.remove()
+    assert decode_step.supports(model)
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=32, vocab_size=64)).eval()
+    assert not decode_step.supports(gpt2)
