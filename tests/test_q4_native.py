@@ -126,8 +126,11 @@ def test_bf16_output_is_the_fp32_result_rounded_and_bias_is_added():
 def test_the_kernel_rejects_a_k_it_was_not_built_for():
     q, scale, mn = _weights(16, 64, 0)
     w, sm = q4_native.pack(q, scale, mn)
-    with pytest.raises(RuntimeError, match="rejected"):
+    with pytest.raises(ValueError, match="another shape"):
         q4_native.gemm(torch.zeros(1, 48, dtype=torch.bfloat16), w, sm, 16)
+    with pytest.raises(RuntimeError, match="rejected"):  # the C side checks too
+        q4_native.gemm_into(w, sm, None, torch.zeros(1, 16, dtype=torch.bfloat16),  # K 16: not groups of 32
+                            torch.empty(1, 64, dtype=torch.bfloat16), 1)
 
 
 @needs_kernel
@@ -155,10 +158,12 @@ def test_cpu_flags_decide_whether_the_kernel_is_used():
 
 @needs_kernel
 def test_the_build_is_cached_by_source_hash(tmp_path):
+    (tmp_path / "q4_vnni-0000000000000000.so").write_bytes(b"an earlier source's build")
     first = q4_native.build(tmp_path)
     stamp = first.stat().st_mtime_ns
     assert q4_native.build(tmp_path) == first and first.stat().st_mtime_ns == stamp
-    assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no temp files left behind
+    # no temp files left behind: the library and its checksum
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([first.name, first.with_suffix(".sha256").name])
 
 
 def test_a_missing_compiler_is_a_clear_error(tmp_path, monkeypatch):
@@ -194,3 +199,55 @@ def test_a_damaged_library_in_the_cache_is_built_again(tmp_path, monkeypatch):
         assert lib.stat().st_size > 100
     finally:
         q4_native._library.cache_clear()
+
+
+@needs_kernel
+def test_a_truncated_library_without_its_checksum_is_never_loaded(tmp_path, monkeypatch):
+    # dlopen of a truncated ELF can die of SIGBUS, so the checksum is checked first
+    monkeypatch.setenv("VOXPIPE_KERNEL_CACHE", str(tmp_path))
+    lib = q4_native.build()
+    whole = lib.read_bytes()
+    lib.write_bytes(whole[:1000])
+    assert q4_native.build() == lib and lib.read_bytes() == whole  # rebuilt, not reused
+    assert lib.stat().st_mode & 0o777 == 0o755
+    lib.with_suffix(".sha256").unlink()
+    q4_native.build()
+    assert lib.with_suffix(".sha256").exists()
+
+
+def test_a_compiler_that_writes_nothing_leaves_no_library(tmp_path, monkeypatch):
+    monkeypatch.setenv("CC", "true")  # exits 0, writes nothing
+    with pytest.raises(RuntimeError, match="no shared library"):
+        q4_native.build(tmp_path)
+    assert not list(tmp_path.iterdir())
+
+
+@needs_kernel
+def test_cc_may_carry_arguments(tmp_path, monkeypatch):
+    monkeypatch.setenv("CC", "cc -O2")
+    assert q4_native.build(tmp_path).exists()
+
+
+@needs_kernel
+def test_gemm_refuses_arguments_that_do_not_fit_its_weights():
+    q, scale, mn = _weights(64, 128, 0)
+    w, sm = q4_native.pack(q, scale, mn)
+    x = torch.randn(3, 128).to(torch.bfloat16)
+    for kwargs, n, xx in (({"out_dtype": torch.float16}, 64, x), ({}, 640000, x), ({}, 64, torch.randn(3, 4096)),
+                          ({"bias": torch.randn(16)}, 64, x), ({}, 64, torch.randn(128))):
+        with pytest.raises(ValueError):
+            q4_native.gemm(xx, w, sm, n, **kwargs)
+    with pytest.raises(RuntimeError, match="do not fit"):
+        q4_native.gemm_into(w, sm, None, x, torch.empty(3, 32, dtype=torch.bfloat16), 3)
+
+
+def test_weights_beyond_fp16_take_pytorchs_kernel():
+    lin = torch.nn.Linear(64, 32).to(torch.bfloat16)
+    with torch.no_grad():
+        lin.weight[0, 0] = -70000.0
+    with pytest.raises(ValueError, match="fp16"):
+        quantize_int4_min(lin.weight)
+    ql = QuantLinear(lin, "int4")
+    assert not ql.native and ql.group == 32
+    y = ql(torch.ones(1, 64).to(torch.bfloat16))
+    assert y.float().isfinite().all()

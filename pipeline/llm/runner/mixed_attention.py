@@ -97,8 +97,10 @@ def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     step's single token it is 2× (batch 1) to 12× (batch 8, 1000 columns) slower than fp32
     matmuls, measured with Qwen2.5-0.5B's shapes (14 query heads over 2 KV heads, head dim
     64). Rows go one at a time over exactly their unmasked columns, not over the padded
-    width: where a row's padding lies then changes no rounding, so a request decodes the
-    same bits in a batch as alone (the test of continuous batching holds to that).
+    width: where a row's padding lies then changes no rounding, so this attention gives a
+    row the same bits in a batch as alone. (A whole reply is not batch-invariant: a step
+    of more than 8 rows runs the linears' bf16 copy, and prompt chunks prefilled inside a
+    mixed step round differently from a prompt prefilled alone.)
 
     Args:
         query: (B, H, 1, D). key, value: (B, KV, T, D), H a multiple of KV (grouped-query

@@ -21,6 +21,7 @@ import functools
 import hashlib
 import logging
 import os
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -57,36 +58,65 @@ def cache_dir() -> Path:
     return Path(os.environ.get("VOXPIPE_KERNEL_CACHE") or Path.home() / ".cache" / "voxpipe" / "kernels")
 
 
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _intact(lib: Path) -> bool:
+    """True when ``lib`` is the file a build wrote: its sha256 matches the ``.sha256`` file
+    written beside it. A truncated library must never reach ``dlopen``: mapping one can
+    kill the process with SIGBUS, which no Python handler catches."""
+    try:
+        return (lib.with_suffix(".sha256").read_text().strip() == _digest(lib))
+    except OSError:
+        return False
+
+
 def build(dest_dir: Path | None = None) -> Path:
     """Compile ``q4_vnni.c`` (once per source version) and return the shared library's path.
 
+    A library already in the cache is reused only if it matches the checksum its build
+    wrote; otherwise it is built again. ``$CC`` may carry arguments (``ccache gcc``).
+
     Raises:
-        RuntimeError: no C compiler, or the compiler failed (its stderr in the message).
+        RuntimeError: no C compiler, the compiler failed (its stderr in the message) or
+            wrote no shared library, or the cache directory is not writable.
     """
     src = SOURCE.read_bytes()
     tag = hashlib.sha256(src + " ".join(CFLAGS).encode()).hexdigest()[:16]
     dest_dir = dest_dir or cache_dir()
     lib = dest_dir / f"q4_vnni-{tag}.so"
-    if lib.exists():
+    if lib.exists() and _intact(lib):
         return lib
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
+    cc = shlex.split(os.environ.get("CC", "")) or [c for c in (shutil.which("cc") or shutil.which("gcc"),) if c]
+    if not cc:
         raise RuntimeError("no C compiler (cc/gcc) to build the int4 kernel")
     dest_dir.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=dest_dir)
     os.close(fd)
     try:
         try:
-            res = subprocess.run([cc, *CFLAGS, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True,
+            res = subprocess.run([*cc, *CFLAGS, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True,
                                  timeout=300)
         except OSError as exc:
-            raise RuntimeError(f"the C compiler {cc} could not run: {exc}") from exc
+            raise RuntimeError(f"the C compiler {cc[0]} could not run: {exc}") from exc
         if res.returncode:
             raise RuntimeError(f"building the int4 kernel failed: {res.stderr.strip()[-2000:]}")
-        os.replace(tmp, lib)  # atomic: concurrent builders each write their own temp file
+        with open(tmp, "rb") as f:
+            if f.read(4) != b"\x7fELF":
+                raise RuntimeError(f"the C compiler {cc[0]} wrote no shared library")
+        os.chmod(tmp, 0o755)  # mkstemp's 0600 would lock other users of a shared cache out
+        digest = dest_dir / f".{Path(tmp).name}.sha256"
+        digest.write_text(_digest(Path(tmp)))
+        os.replace(tmp, lib)  # atomic: concurrent builders each write their own temp files
+        os.replace(digest, lib.with_suffix(".sha256"))
+        for old in dest_dir.glob("q4_vnni-*"):  # builds of earlier sources
+            if old.stem != lib.stem:
+                old.unlink(missing_ok=True)
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        for leftover in (tmp, str(dest_dir / f".{Path(tmp).name}.sha256")):
+            if os.path.exists(leftover):
+                os.unlink(leftover)
     return lib
 
 
@@ -98,7 +128,7 @@ def _library() -> ctypes.CDLL | None:
         path = build()
         try:
             lib = ctypes.CDLL(str(path))
-        except OSError:  # a damaged file in the cache (a disk filled mid-copy): build it again, once
+        except OSError:  # it passed its checksum but will not load: build it again, once
             path.unlink(missing_ok=True)
             lib = ctypes.CDLL(str(build()))
     except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
@@ -155,14 +185,24 @@ def gemm(x: torch.Tensor, w: torch.Tensor, sm: torch.Tensor, n: int, *, bias: to
         threads: OpenMP threads (None: ``torch.get_num_threads()``).
 
     Raises:
+        ValueError: ``x`` not 2-D on the CPU, ``w``/``sm``/``bias`` not :func:`pack`'s output
+            for ``[n, K]``, or another ``out_dtype``.
         RuntimeError: the kernel is not available, or it rejected the shapes.
     """
+    _entry()
+    if out_dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"int4 kernel writes fp32 or bf16, not {out_dtype}")
+    if x.dim() != 2 or any(t.device.type != "cpu" for t in (x, w, sm)):
+        raise ValueError(f"int4 kernel takes a 2-D CPU x, got {tuple(x.shape)} on {x.device}")
+    if w.dtype != torch.uint8 or sm.dtype != torch.float16 or w.numel() * 2 != n * x.shape[1] or \
+            sm.numel() != n * x.shape[1] // GROUP * 2:
+        raise ValueError(f"weights packed for another shape than N={n}, K={x.shape[1]}")
+    if bias is not None and bias.numel() != n:
+        raise ValueError(f"bias of {bias.numel()} for N={n}")
     if x.dtype != torch.bfloat16 or not x.is_contiguous():
         x = x.to(torch.bfloat16).contiguous()
     if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
         bias = bias.float().contiguous()
-    if out_dtype not in (torch.float32, torch.bfloat16):
-        raise ValueError(f"int4 kernel writes fp32 or bf16, not {out_dtype}")
     y = torch.empty((x.shape[0], n), dtype=out_dtype)
     gemm_into(w, sm, bias, x, y, x.shape[0], threads)
     return y
@@ -180,6 +220,9 @@ def gemm_into(w: torch.Tensor, sm: torch.Tensor, bias: torch.Tensor | None, x: t
     """
     fn = _entry()
     n, k = y.shape[-1], x.shape[-1]
+    if w.numel() * 2 != n * k or x.numel() != rows * k or y.numel() != rows * n:  # cheap: the C code trusts them
+        raise RuntimeError(f"int4 kernel: x {tuple(x.shape)}, y {tuple(y.shape)} do not fit "
+                           f"weights of {w.numel()} bytes")
     rc = fn(w.data_ptr(), sm.data_ptr(), x.data_ptr(), None if bias is None else bias.data_ptr(), y.data_ptr(),
             rows, n, k, threads or torch.get_num_threads(), y.dtype is torch.bfloat16)
     if rc:

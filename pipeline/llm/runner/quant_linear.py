@@ -114,7 +114,8 @@ def quantize_int4_min(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torc
     ``W ≈ q · scale + min``; q is rounded against the fp16 scale and min the kernel reads.
 
     Raises:
-        ValueError: ``w`` not 2-D or K not a multiple of 32.
+        ValueError: ``w`` not 2-D, K not a multiple of 32, or a scale or min beyond fp16's
+            range.
     """
     g = q4_native.GROUP
     if w.dim() != 2 or w.shape[1] % g:
@@ -130,6 +131,8 @@ def quantize_int4_min(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torc
         lo = lo.to(torch.float16).float()
         q[r:r + _ROWS] = wg.sub_(lo).div_(s).round_().clamp_(0, 15).reshape(-1, k)
         scale[r:r + _ROWS], mn[r:r + _ROWS] = s[..., 0], lo[..., 0]
+    if not (scale.isfinite().all() and mn.isfinite().all()):
+        raise ValueError("int4 scales or mins beyond fp16's range (a weight of magnitude > 65504)")
     return q, scale, mn
 
 
@@ -168,13 +171,17 @@ class QuantLinear(torch.nn.Module):
         if kind == "int4":
             self.native = (q4_native.available() if native is None else native) and \
                 self.in_features % q4_native.GROUP == 0 and self.out_features % q4_native.TILE == 0
-            self.group = q4_native.GROUP if self.native else \
-                next((g for g in (group, *GROUP_SIZES) if self.in_features % g == 0), 0)
-            if self.out_features % 16 or not self.group:
+            aten_group = next((g for g in (group, *GROUP_SIZES) if self.in_features % g == 0), 0)
+            if self.out_features % 16 or not (self.native or aten_group):
                 raise ValueError(f"int4 kernel does not take a {self.out_features}x{self.in_features} weight")
             if self.native:
-                self._register_native(w)
-            else:
+                try:
+                    self._register_native(w)
+                    self.group = q4_native.GROUP
+                except ValueError:  # weights fp16 cannot scale: PyTorch's kernel (bf16 scales)
+                    self.native = False
+            if not self.native:
+                self.group = aten_group
                 q, sz = quantize_int4(w, self.group)
                 self.register_buffer("qweight", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1))
                 self.register_buffer("qscale", sz)
@@ -235,9 +242,14 @@ class QuantReport:
     kind: str
     quantized: list[str] = field(default_factory=list)
     kept: dict[str, str] = field(default_factory=dict)
+    native: int = 0  # layers on voxpipe's int4 kernel (the rest of the int4 ones: PyTorch's)
 
     def __str__(self) -> str:
-        return (f"{self.kind}: {len(self.quantized)} linear layers quantized, {len(self.kept)} kept bf16"
+        kernels = ""
+        if self.kind == "int4" and self.quantized:
+            aten = len(self.quantized) - self.native
+            kernels = f" ({self.native} on voxpipe's q4_vnni kernel, {aten} on PyTorch's)"
+        return (f"{self.kind}: {len(self.quantized)} linear layers quantized{kernels}, {len(self.kept)} kept bf16"
                 + (f" ({', '.join(sorted(self.kept))})" if self.kept else ""))
 
 
@@ -293,9 +305,10 @@ def quantize_linears(model: torch.nn.Module, kind: str, *, group: int = INT4_GRO
             report.kept[full] = "not quantized by choice"
             continue
         try:
-            setattr(parent, name, QuantLinear(child.to(torch.bfloat16), kind, group=group, max_rows=rows,
-                                              native=native))
+            ql = QuantLinear(child.to(torch.bfloat16), kind, group=group, max_rows=rows, native=native)
+            setattr(parent, name, ql)
             report.quantized.append(full)
+            report.native += ql.native
         except ValueError as exc:
             report.kept[full] = str(exc)
             logger.warning("kept %s in bf16: %s", full, exc)
