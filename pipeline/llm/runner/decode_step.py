@@ -19,9 +19,11 @@ anything else runs transformers' forward.
 from __future__ import annotations
 
 import sys
+import weakref
 
 import torch
 
+from pipeline.llm.runner.fused_quant import FusedQuant
 from pipeline.llm.runner.mixed_attention import NAME, mixed_attention
 
 MODEL_TYPES = ("llama", "qwen2")
@@ -61,13 +63,16 @@ def decode(model, input_ids: torch.Tensor, attn: torch.Tensor, position_ids: tor
     cos, sin = inner.rotary_emb(h, position_ids)
     mask = attn.bool()[:, None, None, :]
     b = h.shape[0]
-    for i, layer in enumerate(inner.layers):
+    for i, (layer, (qkv, gate_up)) in enumerate(zip(inner.layers, _fused(model))):
         a = layer.self_attn
         x = layer.input_layernorm.forward(h)
         shape = (b, 1, -1, a.head_dim)
-        q = a.q_proj.forward(x).view(shape).transpose(1, 2)
-        k = a.k_proj.forward(x).view(shape).transpose(1, 2)
-        v = a.v_proj.forward(x).view(shape).transpose(1, 2)
+        if qkv is not None:
+            q, k, v = (y.view(shape).transpose(1, 2) for y in qkv(x))
+        else:
+            q = a.q_proj.forward(x).view(shape).transpose(1, 2)
+            k = a.k_proj.forward(x).view(shape).transpose(1, 2)
+            v = a.v_proj.forward(x).view(shape).transpose(1, 2)
         q, k = rope(q, k, cos, sin)
         k, v = cache.update(k, v, i)
         o, _ = mixed_attention(a, q, k, v, mask, dropout=0.0, scaling=a.scaling,
@@ -75,6 +80,22 @@ def decode(model, input_ids: torch.Tensor, attn: torch.Tensor, position_ids: tor
         h = h + a.o_proj.forward(o.reshape(b, 1, -1).contiguous())
         x = layer.post_attention_layernorm.forward(h)
         m = layer.mlp
-        h = h + m.down_proj.forward(m.act_fn.forward(m.gate_proj.forward(x)) * m.up_proj.forward(x))
+        g, u = gate_up(x) if gate_up is not None else (m.gate_proj.forward(x), m.up_proj.forward(x))
+        h = h + m.down_proj.forward(m.act_fn.forward(g) * u)
     h = inner.norm.forward(h)
     return model.lm_head.forward(h[:, -1:, :])[:, -1]
+
+
+_FUSED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _fused(model) -> list[tuple[FusedQuant | None, FusedQuant | None]]:
+    """Per layer, its q/k/v and gate/up projections as one int4 kernel call each
+    (:class:`~pipeline.llm.runner.fused_quant.FusedQuant`; None where they are not all on
+    voxpipe's int4 kernel), built on a model's first decode step and kept with it."""
+    plan = _FUSED.get(model)
+    if plan is None:
+        plan = [(FusedQuant.of([lyr.self_attn.q_proj, lyr.self_attn.k_proj, lyr.self_attn.v_proj]),
+                 FusedQuant.of([lyr.mlp.gate_proj, lyr.mlp.up_proj])) for lyr in model.model.layers]
+        _FUSED[model] = plan
+    return plan

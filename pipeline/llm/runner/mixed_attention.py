@@ -25,6 +25,8 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 
+from pipeline.llm.runner import attn_native
+
 NAME = "voxpipe"
 
 
@@ -96,7 +98,10 @@ def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     PyTorch's CPU SDPA runs a flash-attention kernel built for long queries: for a decode
     step's single token it is 2× (batch 1) to 12× (batch 8, 1000 columns) slower than fp32
     matmuls, measured with Qwen2.5-0.5B's shapes (14 query heads over 2 KV heads, head dim
-    64). Rows go one at a time over exactly their unmasked columns, not over the padded
+    64). Where every row's columns are one span (a decode step's padding mask) and the
+    inputs are bf16, voxpipe's C kernel (:func:`attn_native.attend`) runs the whole batch in
+    one call by the same rule; otherwise the rows run in PyTorch.
+    Rows go one at a time over exactly their unmasked columns, not over the padded
     width: where a row's padding lies then changes no rounding, so this attention gives a
     row the same bits in a batch as alone. (A whole reply is not batch-invariant: a step
     of more than 8 rows runs the linears' bf16 copy, and prompt chunks prefilled inside a
@@ -122,6 +127,10 @@ def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     starts, whole = [0] * b, [True] * b
     if rows is not None and rows.dtype == torch.bool:
         starts, whole = _row_spans(mask, rows)  # type: ignore[arg-type]
+    if (rows is None or rows.dtype == torch.bool) and all(whole):
+        out = attn_native.attend(query, key, value, starts, scale)
+        if out is not None:
+            return out
     q = query.reshape(b, kv, h // kv, d).float()
     out = torch.empty((b, kv, h // kv, d), dtype=torch.float32)
     for i in range(b):

@@ -32,6 +32,8 @@ import torch
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("q4_vnni.c")
+SOURCES = (SOURCE, Path(__file__).with_name("decode_attn.c"))
+"""Compiled into one library: the int4 GEMM and decode attention (:mod:`~pipeline.llm.runner.attn_native`)."""
 GROUP = 32
 """Weights per scale/min pair along K (fixed in the kernel)."""
 TILE = 16
@@ -73,7 +75,7 @@ def _intact(lib: Path) -> bool:
 
 
 def build(dest_dir: Path | None = None) -> Path:
-    """Compile ``q4_vnni.c`` (once per source version) and return the shared library's path.
+    """Compile ``q4_vnni.c`` and ``decode_attn.c`` (once per source version) and return the shared library's path.
 
     A library already in the cache is reused only if it matches the checksum its build
     wrote; otherwise it is built again. ``$CC`` may carry arguments (``ccache gcc``).
@@ -82,7 +84,7 @@ def build(dest_dir: Path | None = None) -> Path:
         RuntimeError: no C compiler, the compiler failed (its stderr in the message) or
             wrote no shared library, or the cache directory is not writable.
     """
-    src = SOURCE.read_bytes()
+    src = b"".join(p.read_bytes() for p in SOURCES)
     tag = hashlib.sha256(src + " ".join(CFLAGS).encode()).hexdigest()[:16]
     dest_dir = dest_dir or cache_dir()
     lib = dest_dir / f"q4_vnni-{tag}.so"
@@ -96,7 +98,7 @@ def build(dest_dir: Path | None = None) -> Path:
     os.close(fd)
     try:
         try:
-            res = subprocess.run([*cc, *CFLAGS, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True,
+            res = subprocess.run([*cc, *CFLAGS, *map(str, SOURCES), "-o", tmp, "-lm"], capture_output=True, text=True,
                                  timeout=300)
         except OSError as exc:
             raise RuntimeError(f"the C compiler {cc[0]} could not run: {exc}") from exc
@@ -137,6 +139,10 @@ def _library() -> ctypes.CDLL | None:
     fn = lib.q4_gemm
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 5
+    at = lib.attn_decode
+    at.restype = ctypes.c_int
+    p, i64, i32 = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
+    at.argtypes = (p, i64, i64, p, i64, i64, i64, p, i64, i64, i64, p, p, i32, i32, i32, i32, i32, ctypes.c_float, i32)
     return lib
 
 

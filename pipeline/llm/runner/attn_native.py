@@ -1,0 +1,81 @@
+"""voxpipe's decode attention kernel (``decode_attn.c``): one query token per row, on AVX-512.
+
+:func:`pipeline.llm.runner.mixed_attention.decode_attention` ran each row as two fp32
+matmuls and a softmax in PyTorch: eight small ops per row and layer, so at batch 8 a
+Qwen2.5-0.5B decode step spent ~12 ms of ~80 in that per-row dispatch, not in arithmetic.
+The C kernel does the same work in one call per layer: a task per (row, KV head) reads each
+key and value row once for all of that KV head's query heads, sums in fp32 over exactly the
+row's own columns, and depends on nothing else in the batch or on the thread count, so a row
+gets the same bits in a batch as alone (what the PyTorch version gave, by the same rule).
+
+It is compiled into the library of :mod:`~pipeline.llm.runner.q4_native` (same build, cache,
+checksum and ``VOXPIPE_NATIVE_INT4=0`` switch); where that library is not available,
+:func:`attend` returns None and the caller runs the PyTorch version.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pipeline.llm.runner import q4_native
+
+MAX_HEAD_DIM = 256
+"""Largest head dimension the kernel takes (a multiple of 16)."""
+
+
+def available() -> bool:
+    """True when the kernel runs here (see :func:`q4_native.available`)."""
+    return q4_native.available()
+
+
+def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, starts: list[int], scale: float,
+           threads: int | None = None) -> torch.Tensor | None:
+    """Attention of one query token per row over columns ``[starts[b], T)`` of its keys/values.
+
+    Args:
+        query: (B, H, 1, D) bf16. key, value: (B, KV, T, D) bf16, H a multiple of KV; any
+            strides with the last dimension contiguous.
+        starts: per row, its first attended column (0 <= start < T).
+        scale: score scale (1/sqrt(D) for plain attention).
+        threads: OpenMP threads (default: torch's intra-op count).
+
+    Returns:
+        (B, 1, H, D) bf16, contiguous; None where the kernel does not take the inputs (not
+        available, another dtype or device, D not a multiple of 16 or over 256, a last
+        dimension that is not contiguous, a start out of range).
+    """
+    b, h, q_len, d = query.shape
+    kv, t = key.shape[1], key.shape[2]
+    if q_len != 1 or d % 16 or d > MAX_HEAD_DIM or h % kv or len(starts) != b or key.shape[0] != b or \
+            value.shape != key.shape or min(starts) < 0 or max(starts) >= t:
+        return None
+    bf16 = torch.bfloat16
+    if query.dtype is not bf16 or key.dtype is not bf16 or value.dtype is not bf16 or query.device.type != "cpu" or \
+            query.stride(-1) != 1 or key.stride(-1) != 1 or value.stride(-1) != 1 or not available():
+        return None
+    out = torch.empty((b, 1, h, d), dtype=bf16)
+    st = _starts(starts)
+    rc = q4_native._library().attn_decode(  # type: ignore[union-attr]
+        query.data_ptr(), query.stride(0), query.stride(1),
+        key.data_ptr(), key.stride(0), key.stride(1), key.stride(2),
+        value.data_ptr(), value.stride(0), value.stride(1), value.stride(2),
+        st.data_ptr(), out.data_ptr(), b, h, kv, t, d, scale, threads or torch.get_num_threads())
+    if rc:
+        raise RuntimeError(f"decode attention kernel rejected q {tuple(query.shape)}, k {tuple(key.shape)}")
+    return out
+
+
+_last_starts: tuple[list[int], torch.Tensor] = ([], torch.empty(0, dtype=torch.int32))
+
+
+def _starts(starts: list[int]) -> torch.Tensor:
+    """``starts`` as int32 for C; the 24 layers of a step ask for the same list, so the last
+    one is kept (a module global: a step's layers run in one thread, and a race costs only
+    a rebuilt tensor, never a wrong one, since the pair is replaced as a whole)."""
+    global _last_starts
+    last = _last_starts
+    if last[0] == starts:
+        return last[1]
+    st = torch.tensor(starts, dtype=torch.int32)
+    _last_starts = (list(starts), st)
+    return st

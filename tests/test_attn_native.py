@@ -1,0 +1,98 @@
+"""voxpipe's decode attention kernel (pipeline/llm/runner/decode_attn.c via attn_native.py):
+equal to fp32 SDPA for the models' head shapes and the batch KV's strided layout, the same
+bits for a row whatever shares its step and however many threads run, stable for huge
+scores and long contexts, and None (the PyTorch path) for what it does not take."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeline.llm.runner import attn_native, q4_native
+from pipeline.llm.runner.mixed_attention import decode_attention
+
+needs_kernel = pytest.mark.skipif(not attn_native.available(), reason="the CPU lacks AVX-512 (or no C compiler)")
+
+
+def _sdpa(q, k, v, starts, scale):
+    """fp32 reference, row by row over its own columns: (B, 1, H, D)."""
+    outs = []
+    for i, s in enumerate(starts):
+        o = torch.nn.functional.scaled_dot_product_attention(q[i:i + 1].float(), k[i:i + 1, :, s:].float(),
+                                                             v[i:i + 1, :, s:].float(), scale=scale, enable_gqa=True)
+        outs.append(o.transpose(1, 2))
+    return torch.cat(outs)
+
+
+def _batch_kv(b, kv, t, d, spare, gen):
+    """Keys and values as the runner holds them: views into (slots, kv, columns, d) buffers
+    with spare slots and columns, so no stride is the contiguous one."""
+    buf_k = torch.randn(b + 2, kv, t + spare, d, generator=gen).mul(2).bfloat16()
+    buf_v = torch.randn(b + 2, kv, t + spare, d, generator=gen).bfloat16()
+    return buf_k[1:b + 1, :, spare:], buf_v[1:b + 1, :, spare:]
+
+
+@needs_kernel
+@given(b=st.integers(1, 8), heads=st.sampled_from([(14, 2), (8, 8), (32, 8), (9, 3)]),
+       d=st.sampled_from([16, 64, 128]), t=st.integers(1, 90), spare=st.integers(0, 5), seed=st.integers(0, 999))
+@settings(max_examples=60, deadline=None)
+def test_equals_fp32_sdpa_over_each_rows_own_columns(b, heads, d, t, spare, seed):
+    h, kv = heads
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, h, 1, d, generator=g).bfloat16()
+    k, v = _batch_kv(b, kv, t, d, spare, g)
+    starts = torch.randint(0, t, (b,), generator=g).tolist()
+    out = attn_native.attend(q, k, v, starts, d ** -0.5)
+    assert out is not None and out.shape == (b, 1, h, d) and out.dtype == torch.bfloat16 and out.is_contiguous()
+    assert torch.allclose(out.float(), _sdpa(q, k, v, starts, d ** -0.5), atol=2e-2, rtol=1e-2)
+
+
+@needs_kernel
+def test_a_row_gets_the_same_bits_alone_in_a_batch_and_on_any_thread_count():
+    g = torch.Generator().manual_seed(3)
+    b, t = 6, 300
+    q = torch.randn(b, 14, 1, 64, generator=g).bfloat16()
+    k, v = _batch_kv(b, 2, t, 64, 3, g)
+    starts = [0, 17, 299, 150, 1, 64]
+    together = attn_native.attend(q, k, v, starts, 0.125, threads=2)
+    assert torch.equal(attn_native.attend(q, k, v, starts, 0.125, threads=1), together)
+    for i, s in enumerate(starts):
+        alone = attn_native.attend(q[i:i + 1], k[i:i + 1, :, s:].contiguous(), v[i:i + 1, :, s:].contiguous(), [0],
+                                   0.125)
+        assert torch.equal(alone, together[i:i + 1]), i
+
+
+@needs_kernel
+def test_huge_scores_and_a_long_context_stay_finite_and_exact():
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(2, 4, 1, 64, generator=g).mul(40).bfloat16()
+    k, v = _batch_kv(2, 2, 4000, 64, 0, g)
+    out = attn_native.attend(q, k, v, [0, 3999], 1.0)  # scores in the thousands: the softmax is one-hot
+    assert out is not None and torch.isfinite(out.float()).all()
+    assert torch.allclose(out.float(), _sdpa(q, k, v, [0, 3999], 1.0), atol=2e-2, rtol=1e-2)
+    assert torch.equal(out[1, 0], v[1, :, 3999].repeat_interleave(2, 0))  # a single column: its value row
+
+
+@needs_kernel
+def test_what_it_does_not_take_is_left_to_pytorch():
+    q = torch.randn(1, 4, 1, 64).bfloat16()
+    k = v = torch.randn(1, 2, 10, 64).bfloat16()
+    assert attn_native.attend(q.float(), k.float(), v.float(), [0], 0.1) is None  # fp32
+    assert attn_native.attend(q[..., :8], k[..., :8], v[..., :8], [0], 0.1) is None  # D not a multiple of 16
+    assert attn_native.attend(q, k, v, [10], 0.1) is None  # start beyond the columns
+    assert attn_native.attend(q, k, v, [-1], 0.1) is None
+    assert attn_native.attend(q, k.transpose(-1, -2).contiguous().transpose(-1, -2), v, [0], 0.1) is None
+    assert attn_native.attend(torch.randn(1, 3, 1, 64).bfloat16(), k, v, [0], 0.1) is None  # 3 heads over 2
+
+
+def test_without_the_kernel_decode_attention_runs_in_pytorch(monkeypatch):
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(3, 14, 1, 64, generator=g).bfloat16()
+    k, v = _batch_kv(3, 2, 50, 64, 2, g)
+    starts = [0, 10, 49]
+    mask = (torch.arange(50)[None] >= torch.tensor(starts)[:, None])[:, None, None, :]
+    monkeypatch.setattr(q4_native, "available", lambda: False)
+    out = decode_attention(q, k, v, mask, 0.125)
+    assert out is not None and torch.allclose(out.float(), _sdpa(q, k, v, starts, 0.125), atol=2e-2, rtol=1e-2)
