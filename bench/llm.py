@@ -2,9 +2,11 @@
 
 Modes (DESIGN.md §7): no batching (one request at a time), static batching (batches of
 4 that wait until full and admit nobody while running), dynamic/continuous batching
-(``max_wait_ms=50``), and dynamic batching at reduced precision (weight-only int4 linears
-on CPU, ``--device cpu-int4``, against the bf16 baseline). Loads: a closed loop at fixed concurrency,
-and Poisson arrivals at a fixed rate. Chat prompts of varied length with varied
+(``max_wait_ms=50``), and dynamic batching at the other CPU precision: with ``--device cpu``
+the first three rows are bf16 and the last is int4 (weight-only int4 linears); with
+``--device cpu-int4`` (the CPU serving default) the first three are int4 and the last bf16.
+Loads: a closed loop at fixed concurrency, and Poisson arrivals at a fixed rate.
+Chat prompts of varied length with varied
 ``max_new_tokens``; every request uses the chat template's default system prompt, as chat
 requests share one system prompt in serving.
 
@@ -216,14 +218,15 @@ def main(args) -> int:
     from pipeline.llm.loader import load_llm
 
     torch.set_num_threads(args.threads)
-    base_dev = "cuda" if args.device == "cuda" else "cpu"  # bf16: the serving default
-    red_dev = "cuda" if args.device == "cuda" else "cpu-int4"
+    # the last row: the other CPU precision beside the table's (cuda: the same, once more)
+    base_dev, last_dev, last_mode = {"cuda": ("cuda", "cuda", "dynamic (bf16)"),
+                                     "cpu-int4": ("cpu-int4", "cpu", "dynamic (bf16)"),
+                                     }.get(args.device, ("cpu", "cpu-int4", "dynamic + int4"))
     modes = [
         ("no batching", base_dev, SchedulerConfig(max_batch_size=1, max_wait_ms=0)),
         ("static batch 4", base_dev, SchedulerConfig(max_batch_size=4, max_wait_ms=2000, static=True)),
         ("dynamic batching", base_dev, SchedulerConfig(max_batch_size=args.max_batch_size, max_wait_ms=50)),
-        ("dynamic + int4" if red_dev == "cpu-int4" else "dynamic (bf16)", red_dev,
-         SchedulerConfig(max_batch_size=args.max_batch_size, max_wait_ms=50)),
+        (last_mode, last_dev, SchedulerConfig(max_batch_size=args.max_batch_size, max_wait_ms=50)),
     ]
     loads = [f"closed c={args.concurrency}", f"poisson {args.rate}/s"]
     rows: list[Row] = []
@@ -234,6 +237,8 @@ def main(args) -> int:
             models[dev] = load_llm(args.llm, device=dev, threads=args.threads)
         for load in loads:
             rows.append(run_mode(models[dev], mode, sched, load, args.requests, args.concurrency, args.rate))
+            if dev == "cpu-int4":
+                rows[-1].dtype = "int4 weights"
     if args.json:
         print(json.dumps([asdict(r) for r in rows], indent=1))
     else:

@@ -123,7 +123,9 @@ def _parser() -> argparse.ArgumentParser:
     bsub = b.add_subparsers(dest="bench", required=True)
     bl = bsub.add_parser("llm", help="LLM batching modes: the design article's table")
     bl.add_argument("--llm", default="smollm2")
-    bl.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    bl.add_argument("--device", default="cpu", choices=["cpu", "cpu-int4", "cuda"],
+                    help="cpu: bf16 rows and a continuous-batching int4 row; cpu-int4: every row int4 "
+                         "(the CPU serving default) and a continuous-batching bf16 row")
     bl.add_argument("--requests", type=int, default=72,
                     help="requests per mode and load (72)")
     bl.add_argument("--concurrency", type=int, default=8)
