@@ -85,6 +85,24 @@ def test_what_it_does_not_take_is_left_to_pytorch():
     assert attn_native.attend(q, k, v, [-1], 0.1) is None
     assert attn_native.attend(q, k.transpose(-1, -2).contiguous().transpose(-1, -2), v, [0], 0.1) is None
     assert attn_native.attend(torch.randn(1, 3, 1, 64).bfloat16(), k, v, [0], 0.1) is None  # 3 heads over 2
+    # shapes that do not fit one another: never read past a tensor (a key narrower than the query)
+    small = torch.randn(1, 1, 3, 16).bfloat16()
+    assert attn_native.attend(torch.randn(1, 1, 1, 256).bfloat16(), small, small, [0], 1.0) is None
+    assert attn_native.attend(q, k, v[:, :, :5], [0], 0.1) is None
+    assert attn_native.attend(q, k.to("meta"), v.to("meta"), [0], 0.1) is None  # not on the CPU
+    assert attn_native.attend(torch.randn(1, 512, 1, 16).bfloat16(), small, small, [0], 1.0) is None  # 512 per KV
+    assert attn_native.attend(q[:0], k[:0], v[:0], [], 0.1) is None  # empty batch
+    assert attn_native.attend(q, k[:, :0], v[:, :0], [0], 0.1) is None  # no KV heads
+
+
+def test_decode_attention_still_raises_or_answers_where_the_kernel_declines():
+    q = torch.randn(0, 4, 1, 64).bfloat16()
+    kv = torch.randn(0, 2, 10, 64).bfloat16()
+    out = decode_attention(q, kv, kv, None, 0.1)
+    assert out is not None and out.shape == (0, 1, 4, 64)
+    with pytest.raises(RuntimeError):  # the PyTorch path's shape error, not a read past the key
+        decode_attention(torch.randn(1, 1, 1, 256).bfloat16(), torch.randn(1, 1, 3, 16).bfloat16(),
+                         torch.randn(1, 1, 3, 16).bfloat16(), None, 1.0)
 
 
 def test_without_the_kernel_decode_attention_runs_in_pytorch(monkeypatch):

@@ -24,7 +24,7 @@ def _layers(sizes, k=96, bias=(True, True, True), max_rows=8, seed=0):
 
 
 @needs_kernel
-@pytest.mark.parametrize("bias", [(True, True, True), (False, False, False), (True, False, True)])
+@pytest.mark.parametrize("bias", [(True, True, True), (False, False, False)])
 @pytest.mark.parametrize("rows", [1, 3, 8])
 def test_one_call_gives_each_layers_own_bits(bias, rows):
     layers = _layers([64, 32, 48], bias=bias)
@@ -51,7 +51,7 @@ def test_the_layers_share_the_fused_weights():
 
 @needs_kernel
 def test_a_wide_step_runs_each_layers_bf16_copy():
-    layers = _layers([64, 32], bias=(True, False), max_rows=2)
+    layers = _layers([64, 32], bias=(True, True), max_rows=2)
     fused = FusedQuant.of(layers)
     x = torch.randn(5, 96).bfloat16()
     for t, lyr in zip(fused(x), layers):  # type: ignore[misc]
@@ -67,3 +67,5 @@ def test_only_layers_on_the_int4_kernel_with_one_input_width_fuse():
         other = QuantLinear(torch.nn.Linear(64, 32).to(torch.bfloat16), "int4", max_rows=8)
         assert FusedQuant.of([QuantLinear(lin, "int4", max_rows=8), other]) is None
         assert FusedQuant.of(_layers([32])) is None
+        # one with a bias, one without: a zero bias would turn -0.0 into +0.0, so no fusing
+        assert FusedQuant.of(_layers([32, 16], bias=(True, False))) is None

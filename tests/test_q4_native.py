@@ -251,3 +251,28 @@ def test_weights_beyond_fp16_take_pytorchs_kernel():
     assert not ql.native and ql.group == 32
     y = ql(torch.ones(1, 64).to(torch.bfloat16))
     assert y.float().isfinite().all()
+
+
+@needs_kernel
+def test_a_cached_library_without_a_kernel_symbol_is_not_used(tmp_path, monkeypatch, caplog):
+    """A library that loads but lacks ``attn_decode`` (say, a hand-copied build of an older
+    source under the current name) makes the kernels unavailable with a warning, not an
+    AttributeError from every caller."""
+    import ctypes
+
+    class Partial:
+        q4_gemm = object()
+
+        def __getattr__(self, name):
+            raise AttributeError(f"undefined symbol: {name}")
+
+    monkeypatch.setattr(ctypes, "CDLL", lambda path: Partial())
+    q4_native._library.cache_clear()
+    try:
+        with caplog.at_level("WARNING"):
+            assert not q4_native.available()
+        assert "undefined symbol: attn_decode" in caplog.text
+    finally:
+        monkeypatch.undo()
+        q4_native._library.cache_clear()
+    assert q4_native.available()

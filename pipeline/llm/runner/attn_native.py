@@ -21,6 +21,8 @@ from pipeline.llm.runner import q4_native
 
 MAX_HEAD_DIM = 256
 """Largest head dimension the kernel takes (a multiple of 16)."""
+MAX_GROUP = 256
+"""Most query heads per KV head the kernel takes."""
 
 
 def available() -> bool:
@@ -41,17 +43,20 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, starts: 
 
     Returns:
         (B, 1, H, D) bf16, contiguous; None where the kernel does not take the inputs (not
-        available, another dtype or device, D not a multiple of 16 or over 256, a last
-        dimension that is not contiguous, a start out of range).
+        available; not all three bf16 on the CPU; shapes that do not fit one another; an
+        empty dimension; D not a multiple of 16 or over 256; over 256 query heads per KV
+        head; a last dimension that is not contiguous; a start out of range).
     """
+    if query.dim() != 4 or key.dim() != 4 or value.shape != key.shape:
+        return None
     b, h, q_len, d = query.shape
     kv, t = key.shape[1], key.shape[2]
-    if q_len != 1 or d % 16 or d > MAX_HEAD_DIM or h % kv or len(starts) != b or key.shape[0] != b or \
-            value.shape != key.shape or min(starts) < 0 or max(starts) >= t:
+    if q_len != 1 or 0 in (b, kv, t, d) or d % 16 or d > MAX_HEAD_DIM or key.shape[3] != d or key.shape[0] != b or \
+            h % kv or h // kv > MAX_GROUP or len(starts) != b or min(starts) < 0 or max(starts) >= t:
         return None
     bf16 = torch.bfloat16
-    if query.dtype is not bf16 or key.dtype is not bf16 or value.dtype is not bf16 or query.device.type != "cpu" or \
-            query.stride(-1) != 1 or key.stride(-1) != 1 or value.stride(-1) != 1 or not available():
+    if any(x.dtype is not bf16 or x.device.type != "cpu" or x.stride(-1) != 1 for x in (query, key, value)) or \
+            not available():
         return None
     out = torch.empty((b, 1, h, d), dtype=bf16)
     st = _starts(starts)

@@ -34,8 +34,8 @@ class FusedQuant:
         self.n, self.k, self.max_rows = sum(self.sizes), layers[0].in_features, layers[0].max_rows
         self.qweight = torch.cat([lyr.qweight for lyr in layers])
         self.qscale = torch.cat([lyr.qscale for lyr in layers])
-        biases = [lyr.bias_f32 if lyr.bias_f32 is not None else torch.zeros(lyr.out_features) for lyr in layers]
-        self.bias = torch.cat(biases) if any(lyr.bias_f32 is not None for lyr in layers) else None
+        biases = [lyr.bias_f32 for lyr in layers]
+        self.bias = None if any(b is None for b in biases) else torch.cat(biases)  # type: ignore[arg-type]
         w_at = s_at = 0
         for lyr in layers:  # the layers read their slices of the fused buffers from now on
             nw, ns = lyr.qweight.numel(), lyr.qscale.numel()
@@ -46,11 +46,12 @@ class FusedQuant:
     @classmethod
     def of(cls, layers: list) -> FusedQuant | None:
         """A fused call for ``layers``, or None unless every one is a :class:`QuantLinear` on
-        voxpipe's int4 kernel with the same input width and ``max_rows``."""
+        voxpipe's int4 kernel with the same input width and ``max_rows``, and either all have
+        a bias or none has."""
         if len(layers) < 2 or not all(isinstance(lyr, QuantLinear) and lyr.native for lyr in layers):
             return None
-        if len({(lyr.in_features, lyr.max_rows) for lyr in layers}) != 1:
-            return None
+        if len({(lyr.in_features, lyr.max_rows, lyr.bias_f32 is None) for lyr in layers}) != 1:
+            return None  # (a zero bias for an unbiased layer would turn its -0.0 outputs into +0.0)
         return cls(layers)
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:

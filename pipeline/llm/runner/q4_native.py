@@ -12,6 +12,9 @@ The C file is compiled on first use with the system C compiler into a per-user c
 and loaded with :mod:`ctypes` (which releases the GIL during the call). Where the CPU lacks
 AVX-512 VNNI/BW or F16C, or no compiler is found, :func:`available` is False and the callers
 use PyTorch's kernel.
+
+The same library carries the decode attention kernel (``decode_attn.c``, called through
+:mod:`~pipeline.llm.runner.attn_native`), so one build, cache and switch serve both.
 """
 
 from __future__ import annotations
@@ -133,13 +136,12 @@ def _library() -> ctypes.CDLL | None:
         except OSError:  # it passed its checksum but will not load: build it again, once
             path.unlink(missing_ok=True)
             lib = ctypes.CDLL(str(build()))
-    except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+        fn, at = lib.q4_gemm, lib.attn_decode  # AttributeError: a library without one of them
+    except (RuntimeError, OSError, AttributeError, subprocess.SubprocessError) as exc:
         logger.warning("int4 kernel unavailable, using PyTorch's: %s", exc)
         return None
-    fn = lib.q4_gemm
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 5
-    at = lib.attn_decode
     at.restype = ctypes.c_int
     p, i64, i32 = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
     at.argtypes = (p, i64, i64, p, i64, i64, i64, p, i64, i64, i64, p, p, i32, i32, i32, i32, i32, ctypes.c_float, i32)
