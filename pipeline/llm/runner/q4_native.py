@@ -14,7 +14,8 @@ AVX-512 VNNI/BW or F16C, or no compiler is found, :func:`available` is False and
 use PyTorch's kernel.
 
 The same library carries the decode attention kernel (``decode_attn.c``, called through
-:mod:`~pipeline.llm.runner.attn_native`), so one build, cache and switch serve both.
+:mod:`~pipeline.llm.runner.attn_native`) and greedy decoding's argmax (``argmax.c``, through
+:mod:`~pipeline.llm.runner.greedy`), so one build, cache and switch serve all three.
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ import torch
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("q4_vnni.c")
-SOURCES = (SOURCE, Path(__file__).with_name("decode_attn.c"))
-"""Compiled into one library: the int4 GEMM and decode attention (:mod:`~pipeline.llm.runner.attn_native`)."""
+SOURCES = (SOURCE, Path(__file__).with_name("decode_attn.c"), Path(__file__).with_name("argmax.c"))
+"""Compiled into one library: the int4 GEMM, decode attention (:mod:`~pipeline.llm.runner.attn_native`)
+and greedy argmax (:mod:`~pipeline.llm.runner.greedy`)."""
 GROUP = 32
 """Weights per scale/min pair along K (fixed in the kernel)."""
 TILE = 16
@@ -78,7 +80,7 @@ def _intact(lib: Path) -> bool:
 
 
 def build(dest_dir: Path | None = None) -> Path:
-    """Compile ``q4_vnni.c`` and ``decode_attn.c`` (once per source version) and return the shared library's path.
+    """Compile :data:`SOURCES` (once per source version) and return the shared library's path.
 
     A library already in the cache is reused only if it matches the checksum its build
     wrote; otherwise it is built again. ``$CC`` may carry arguments (``ccache gcc``).
@@ -136,7 +138,7 @@ def _library() -> ctypes.CDLL | None:
         except OSError:  # it passed its checksum but will not load: build it again, once
             path.unlink(missing_ok=True)
             lib = ctypes.CDLL(str(build()))
-        fn, at = lib.q4_gemm, lib.attn_decode  # AttributeError: a library without one of them
+        fn, at, am = lib.q4_gemm, lib.attn_decode, lib.argmax_bf16  # AttributeError: one is missing
     except (RuntimeError, OSError, AttributeError, subprocess.SubprocessError) as exc:
         logger.warning("int4 kernel unavailable, using PyTorch's: %s", exc)
         return None
@@ -145,6 +147,8 @@ def _library() -> ctypes.CDLL | None:
     at.restype = ctypes.c_int
     p, i64, i32 = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
     at.argtypes = (p, i64, i64, p, i64, i64, i64, p, i64, i64, i64, p, p, i32, i32, i32, i32, i32, ctypes.c_float, i32)
+    am.restype = ctypes.c_int
+    am.argtypes = (p, i64, i64, i64, p)
     return lib
 
 

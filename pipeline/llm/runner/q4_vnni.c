@@ -17,7 +17,6 @@
  * threads (the libgomp torch loads, by soname).
  */
 #include <immintrin.h>
-#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,22 +24,28 @@
 #define GROUP 32
 #define MAX_ROWS 8
 
+/* bf16 -> fp32 of 16 values (a bf16 is the top half of an fp32) */
+static inline __m512 bf16x16(const uint16_t *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+
+/* per row and group of 32: d = max|x| / 127, xq = round(x / d) (nearest even, as lrintf),
+ * and the fp32 sum of the group's unquantized values (the min term); 16 lanes at a time (the
+ * scalar loop took ~3 ms of a batch-8 step of Qwen2.5-0.5B, serial before the parallel tiles). */
 static void quantize_rows(const uint16_t *x, int M, int K, int8_t *xq, float *dx, float *xs) {
     int G = K / GROUP;
     for (int m = 0; m < M; m++) {
         for (int g = 0; g < G; g++) {
-            float v[GROUP], amax = 0.f, sum = 0.f;
-            for (int j = 0; j < GROUP; j++) {
-                uint32_t bits = (uint32_t)x[(size_t)m * K + g * GROUP + j] << 16;
-                memcpy(&v[j], &bits, 4);
-                amax = fmaxf(amax, fabsf(v[j]));
-                sum += v[j];
-            }
+            const uint16_t *src = x + (size_t)m * K + g * GROUP;
+            __m512 a = bf16x16(src), b = bf16x16(src + 16);
+            float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
             float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
+            __m512 vid = _mm512_set1_ps(id);
             int8_t *out = xq + ((size_t)m * G + g) * GROUP;
-            for (int j = 0; j < GROUP; j++) out[j] = (int8_t)lrintf(v[j] * id);
+            _mm_storeu_si128((__m128i *)out, _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(a, vid))));
+            _mm_storeu_si128((__m128i *)(out + 16), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(b, vid))));
             dx[(size_t)m * G + g] = d;
-            xs[(size_t)m * G + g] = sum;
+            xs[(size_t)m * G + g] = _mm512_reduce_add_ps(_mm512_add_ps(a, b));
         }
     }
 }

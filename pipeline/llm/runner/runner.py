@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from pipeline.llm.runner import decode_step
+from pipeline.llm.runner import decode_step, greedy
 from pipeline.llm.runner.batch_kv import BatchKV
 from pipeline.llm.runner.block_cache import BLOCK_SIZE, Block, BlockCache
 from pipeline.llm.runner.kv_rows import RowsKV
@@ -412,16 +412,15 @@ class ModelRunner:
         self.slots, self.batch, self.pos, self.last = [], None, None, None
 
     def _sample(self, logits: torch.Tensor, rows: list[_Row]) -> list[int]:
-        """Next token per row from logits (rows, vocab) in the model's dtype: greedy argmax,
-        else sampled, both in fp32 (a bf16 argmax measured 2× slower on this CPU)."""
-        logits = logits.float()
-        toks = torch.argmax(logits, dim=-1).tolist()
+        """Next token per row from logits (rows, vocab) in the model's dtype: greedy argmax
+        (:func:`~pipeline.llm.runner.greedy.argmax`), else sampled in fp32."""
+        toks = greedy.argmax(logits)
         for i, row in enumerate(rows):
             p = row.sampling
             if p.temperature > 0:
                 if row.gen is None:
                     row.gen = torch.Generator(device="cpu").manual_seed(p.seed)
-                toks[i] = _sample_row(logits[i].cpu(), p, row.gen)
+                toks[i] = _sample_row(logits[i].float().cpu(), p, row.gen)
         return toks
 
 
