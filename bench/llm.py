@@ -215,6 +215,7 @@ def main(args) -> int:
     import torch
 
     from pipeline.config import SchedulerConfig
+    from pipeline.cpu_share import in_own_thread_sync
     from pipeline.llm.loader import load_llm
 
     torch.set_num_threads(args.threads)
@@ -234,7 +235,8 @@ def main(args) -> int:
     for mode, dev, sched in modes:
         if dev not in models:
             models.clear()
-            models[dev] = load_llm(args.llm, device=dev, threads=args.threads)
+            # in a thread that ends: a live thread's OpenMP team would throttle the engine's
+            models[dev] = in_own_thread_sync(load_llm, args.llm, device=dev, threads=args.threads)
         for load in loads:
             rows.append(run_mode(models[dev], mode, sched, load, args.requests, args.concurrency, args.rate))
             if dev == "cpu-int4":

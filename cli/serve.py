@@ -169,6 +169,7 @@ def _degrade_config(args, cls):
 
 
 async def _serve_async(cfg, ray_opts: dict | None = None) -> int:
+    from pipeline.cpu_share import in_own_thread
     from pipeline.engines import load_engines, warm_up
     from server.app import VoxpipeServer
 
@@ -178,7 +179,7 @@ async def _serve_async(cfg, ray_opts: dict | None = None) -> int:
         from pipeline.llm.types import RemoteLlmUnavailable
 
         try:
-            engines = await asyncio.to_thread(load_engines, cfg)
+            engines = await in_own_thread(load_engines, cfg)  # its OpenMP team ends with it
         except RemoteLlmUnavailable as exc:
             print(f"voxpipe: {exc}", file=sys.stderr)
             return 2

@@ -14,14 +14,27 @@ Switching costs one ``torch.set_num_threads`` call (an OpenMP team-size change b
 parallel regions: microseconds); with ``OMP_WAIT_POLICY=PASSIVE`` an idle OpenMP thread
 sleeps instead of spinning (after :data:`OMP_SPIN_COUNT`), so the borrowed core is really
 given back.
+
+That spin holds only while libgomp (torch's OpenMP runtime) manages no more threads than
+there are CPUs: beyond, every worker spins ~100 times and sleeps (its "throttled" spin,
+libgomp's ``env.c``), and each of a decode step's parallel kernels wakes the LLM's second
+thread through a futex again. libgomp keeps a team of workers for every thread that ran a
+parallel region, as long as that thread lives; so models load in a thread of their own
+(:func:`in_own_thread`), whose team ends with it, not in the main thread or an executor's.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from typing import TypeVar
+
+T = TypeVar("T")
 
 OMP_SPIN_COUNT = 10000
 """libgomp's spins before an idle OpenMP worker sleeps (``GOMP_SPINCOUNT``; libgomp counts
@@ -74,3 +87,28 @@ def auto_burst_threads() -> int:
     except AttributeError:  # not on Linux
         n = os.cpu_count() or 1
     return min(n, MAX_AUTO_BURST)
+
+
+def in_own_thread_sync(fn: Callable[..., T], *args, **kwargs) -> T:
+    """``fn(*args, **kwargs)`` run in a new thread that ends when it returns (see the module
+    docstring: the OpenMP team a loader's torch ops start ends with it).
+
+    Raises:
+        whatever ``fn`` raises.
+    """
+    with ThreadPoolExecutor(1, thread_name_prefix="voxpipe-load") as pool:
+        return pool.submit(fn, *args, **kwargs).result()
+
+
+async def in_own_thread(fn: Callable[..., T], *args, **kwargs) -> T:
+    """:func:`in_own_thread_sync` for the event loop: awaits ``fn(*args, **kwargs)`` without blocking
+    it (if the awaiting task is cancelled, ``fn`` still runs to its end, then its thread ends).
+
+    Raises:
+        whatever ``fn`` raises.
+    """
+    pool = ThreadPoolExecutor(1, thread_name_prefix="voxpipe-load")
+    try:
+        return await asyncio.get_running_loop().run_in_executor(pool, functools.partial(fn, *args, **kwargs))
+    finally:
+        pool.shutdown(wait=False)  # the thread exits after its one call
