@@ -26,6 +26,7 @@ parallel region, as long as that thread lives; so models load in a thread of the
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import os
 import threading
@@ -89,15 +90,24 @@ def auto_burst_threads() -> int:
     return min(n, MAX_AUTO_BURST)
 
 
+def _call(fn: Callable[..., T], args: tuple, kwargs: dict) -> T:
+    try:
+        return fn(*args, **kwargs)
+    except StopIteration as exc:  # a Future cannot carry it: the awaiting task would wait forever
+        raise RuntimeError(f"{getattr(fn, '__name__', fn)!s} raised StopIteration") from exc
+
+
 def in_own_thread_sync(fn: Callable[..., T], *args, **kwargs) -> T:
     """``fn(*args, **kwargs)`` run in a new thread that ends when it returns (see the module
-    docstring: the OpenMP team a loader's torch ops start ends with it).
+    docstring: the OpenMP team a loader's torch ops start ends with it), in a copy of the
+    caller's context variables. torch's per-thread modes (``no_grad``, ``inference_mode``)
+    are the new thread's defaults, not the caller's.
 
     Raises:
-        whatever ``fn`` raises.
+        whatever ``fn`` raises; a ``StopIteration`` as a ``RuntimeError`` (a future cannot carry it).
     """
     with ThreadPoolExecutor(1, thread_name_prefix="voxpipe-load") as pool:
-        return pool.submit(fn, *args, **kwargs).result()
+        return pool.submit(contextvars.copy_context().run, _call, fn, args, kwargs).result()
 
 
 async def in_own_thread(fn: Callable[..., T], *args, **kwargs) -> T:
@@ -105,10 +115,11 @@ async def in_own_thread(fn: Callable[..., T], *args, **kwargs) -> T:
     it (if the awaiting task is cancelled, ``fn`` still runs to its end, then its thread ends).
 
     Raises:
-        whatever ``fn`` raises.
+        whatever ``fn`` raises; a ``StopIteration`` as a ``RuntimeError``.
     """
     pool = ThreadPoolExecutor(1, thread_name_prefix="voxpipe-load")
     try:
-        return await asyncio.get_running_loop().run_in_executor(pool, functools.partial(fn, *args, **kwargs))
+        call = functools.partial(contextvars.copy_context().run, _call, fn, args, kwargs)
+        return await asyncio.get_running_loop().run_in_executor(pool, call)
     finally:
         pool.shutdown(wait=False)  # the thread exits after its one call

@@ -6,6 +6,7 @@ a team appears beside a thread that ran a parallel torch op, and is gone once th
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import os
 import threading
 import time
@@ -82,5 +83,23 @@ def test_results_and_errors_come_back_from_the_own_thread():
         assert names.startswith("voxpipe-load") and names != threading.current_thread().name
         with pytest.raises(ZeroDivisionError):
             await in_own_thread(divmod, 1, 0)
+
+    asyncio.run(main())
+
+
+def test_stop_iteration_and_context_variables_cross_the_thread():
+    def stops():
+        raise StopIteration
+
+    with pytest.raises(RuntimeError, match="StopIteration"):
+        in_own_thread_sync(stops)
+    var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="unset")
+    var.set("the caller's")
+    assert in_own_thread_sync(var.get) == "the caller's"
+
+    async def main():
+        with pytest.raises(RuntimeError, match="StopIteration"):  # before: the await never returned
+            await asyncio.wait_for(in_own_thread(stops), 30)
+        assert await in_own_thread(var.get) == "the caller's"
 
     asyncio.run(main())

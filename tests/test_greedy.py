@@ -61,6 +61,9 @@ def test_other_dtypes_devices_and_layouts_take_pytorchs_argmax():
     t = x.to(torch.bfloat16).t()  # last dimension not contiguous
     assert greedy.argmax(t) == _expected(t)
     assert greedy.argmax(torch.empty(0, 10, dtype=torch.bfloat16)) == []
+    b = torch.randn(3, 40).to(torch.bfloat16)
+    negated = torch._neg_view(b)  # a lazy negation: its memory holds b's values
+    assert negated.is_neg() and greedy.argmax(negated) == _expected(negated) != _expected(b)
 
 
 def test_logits_without_a_vocabulary_are_refused():

@@ -14,13 +14,17 @@ import torch
 
 from pipeline.llm.runner import q4_native
 
+_MAX_COLUMNS = 2**31 - 1
+"""Widest row the kernel takes (its lane indices are int32); wider ones take PyTorch's argmax."""
+
 
 def argmax(logits: torch.Tensor) -> list[int]:
     """Per row, the index of its largest logit.
 
     Args:
         logits: (rows, vocab), any float dtype and device. bf16 CPU rows with a contiguous
-            last dimension take the C kernel; anything else ``torch.argmax`` in fp32.
+            last dimension (and under 2³¹ columns) take the C kernel; anything else
+            ``torch.argmax`` in fp32.
 
     Returns:
         ``rows`` token ids, as torch.argmax on the fp32 values would give them.
@@ -34,7 +38,8 @@ def argmax(logits: torch.Tensor) -> list[int]:
         raise ValueError(f"argmax takes (rows, vocab) logits with a vocabulary, got {tuple(logits.shape)}")
     rows, n = logits.shape
     lib = q4_native._library() if logits.dtype is torch.bfloat16 and logits.device.type == "cpu" else None
-    if lib is None or rows == 0 or logits.stride(1) != 1 or logits.stride(0) < n:
+    if lib is None or rows == 0 or n > _MAX_COLUMNS or logits.stride(1) != 1 or logits.stride(0) < n or \
+            logits.is_neg() or logits.is_conj():  # a lazily negated view: its data are not its values
         return torch.argmax(logits.float(), dim=-1).tolist()
     out = torch.empty(rows, dtype=torch.int64)
     if lib.argmax_bf16(logits.data_ptr(), rows, n, logits.stride(0), out.data_ptr()):
