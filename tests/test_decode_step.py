@@ -28,7 +28,7 @@ def _tiny(kind: str, quant: bool):
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
 @pytest.mark.parametrize("quant", [False, True])
-def test_lean_decode_gives_the_same_bits_as_transformers(kind, quant):
+def test_lean_decode_and_mixed_steps_give_the_same_bits_as_transformers(kind, quant, monkeypatch):
     model = _tiny(kind, quant)
     g = torch.Generator().manual_seed(3)
     specs = [(i, torch.randint(1, 256, (int(torch.randint(3, 30, (1,), generator=g)),), generator=g).tolist(), 12)
@@ -36,29 +36,29 @@ def test_lean_decode_gives_the_same_bits_as_transformers(kind, quant):
     lean = ModelRunner(model, torch.device("cpu"), pad_id=0, prefix_cache=False)
     plain = ModelRunner(model, torch.device("cpu"), pad_id=0, prefix_cache=False, lean_decode=False)
     assert lean.lean_decode and not plain.lean_decode
-    calls = {"lean": 0, "hf": 0}
-    real = decode_step.decode
+    calls = {"decode": 0, "mixed": 0}
+    def counting(name: str, real):
+        def call(*a):
+            calls[name] += 1
+            return real(*a)
+        return call
 
-    def counting(*a):
-        calls["lean"] += 1
-        return real(*a)
+    for name in calls:
+        monkeypatch.setattr(decode_step, name, counting(name, getattr(decode_step, name)))
+    logits: dict[str, list[torch.Tensor]] = {"lean": [], "plain": []}
+    head = model.lm_head.forward
+    for name, runner in (("lean", lean), ("plain", plain)):
+        def recording(h, name=name):  # every step's logits, whichever path computed them
+            out = head(h)
+            logits[name].append(out.clone())
+            return out
 
-    decode_step.decode = counting
-    try:
-        logits: dict[str, list[torch.Tensor]] = {"lean": [], "plain": []}
-        for name, runner in (("lean", lean), ("plain", plain)):
-            step = runner._decode
-
-            def recording(step=step, name=name):
-                out = step()
-                logits[name].append(out.clone())
-                return out
-
-            runner._decode = recording  # type: ignore[method-assign]
-            run(model, specs, max_batch=4, runner=runner)  # rows join at different steps: left padding
-    finally:
-        decode_step.decode = real
-    assert calls["lean"] == len(logits["lean"]) > 5
+        model.lm_head.forward = recording
+        tokens = run(model, specs, max_batch=4, runner=runner)  # rows join at different steps: left padding
+        if name == "lean":
+            lean_calls, lean_tokens = dict(calls), tokens
+    assert calls == lean_calls and lean_calls["decode"] > 5 and lean_calls["mixed"] >= 2
+    assert tokens == lean_tokens
     assert len(logits["lean"]) == len(logits["plain"])
     for a, b in zip(logits["lean"], logits["plain"]):
         assert torch.equal(a, b)

@@ -7,10 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.llm.runner import q4_native
+from pipeline.llm.runner import q4_native, quant_linear
 from pipeline.llm.runner.quant_linear import (
+    MAX_ROWS,
+    NATIVE_MAX_ROWS,
     QuantLinear,
     dequantize_int4,
+    native_max_rows,
     quantize_int4,
     quantize_int8,
     quantize_linears,
@@ -163,10 +166,26 @@ def test_weights_count_the_int4_buffers_and_the_bf16_copy():
     plain = ModelRunner(_tiny_bf16(), torch.device("cpu"), 0).weight_bytes
     small, hybrid = _tiny_bf16(), _tiny_bf16()
     quantize_linears(small, "int4", max_rows=None, lm_head=False)
-    quantize_linears(hybrid, "int4", lm_head=False)
+    quantize_linears(hybrid, "int4", max_rows=8, lm_head=False)
     linears = sum(m.in_features * m.out_features for m in _tiny_bf16().modules()
                   if isinstance(m, torch.nn.Linear) and m.out_features != 256)  # all but the LM head
     small_b = ModelRunner(small, torch.device("cpu"), 0).weight_bytes
     # int4: half a byte per weight + 4 bytes (bf16 scale, zero) per group of 32 replace 2 bytes
     assert small_b == plain - 2 * linears + linears // 2 + 4 * linears // 32
     assert ModelRunner(hybrid, torch.device("cpu"), 0).weight_bytes >= small_b + 2 * linears
+
+
+def test_the_kernel_keeps_no_bf16_copy_by_default_except_on_amx(monkeypatch):
+    flags = "flags\t\t: fpu avx512f avx512bw avx512vl avx512_vnni avx512_bf16 f16c fma"
+    assert native_max_rows(flags + "\n") is None
+    assert native_max_rows(flags + " amx_bf16 amx_tile amx_int8\n") == NATIVE_MAX_ROWS
+    assert native_max_rows("processor: 0\n") is None
+    # quantize_linears' default follows it where voxpipe's kernel runs
+    monkeypatch.setattr(quant_linear, "native_max_rows", lambda: 5)
+    if q4_native.available():
+        model = torch.nn.Sequential(_linear(64, 128))
+        quantize_linears(model, "int4")
+        assert model[0].native and model[0].max_rows == 5 and model[0].dense is not None
+    model = torch.nn.Sequential(_linear(64, 128))
+    quantize_linears(model, "int4", native=False)  # PyTorch's kernel: its own crossover
+    assert model[0].max_rows == MAX_ROWS["int4"]

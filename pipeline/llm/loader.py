@@ -105,8 +105,9 @@ def llm_folder(name: str) -> Path:
 DEVICES = ("auto", "cpu", "cpu-fp32", "cpu-int4", "cpu-int8", "cuda")
 """``--device`` choices: ``cpu`` is bf16; ``cpu-int4`` / ``cpu-int8`` are weight-only
 quantized linear layers (group-wise int4 / per-channel int8, bf16 activations and KV,
-:mod:`pipeline.llm.runner.quant_linear`) for decode steps of a few rows, with a bf16 copy
-for prefill and wide batches; the embedding stays bf16."""
+:mod:`pipeline.llm.runner.quant_linear`); int4 on voxpipe's kernel runs every step, int8 and
+PyTorch's int4 kernel (and voxpipe's on a CPU with AMX) only steps of a few rows, with a bf16
+copy for prefill and wide batches; the embedding stays bf16."""
 
 QUANT_DEVICES = {"cpu-int4": "int4", "cpu-int8": "int8"}
 """``--device`` values that quantize the linear layers, and the quantization they use."""

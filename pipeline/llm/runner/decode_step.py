@@ -11,6 +11,10 @@ the same functions in the same order (RMSNorm, projections, transformers' own
 ``apply_rotary_pos_emb``, the cache update, voxpipe's attention, the MLP), so its logits
 are bit-identical to ``model(...)`` (tests/test_decode_step.py holds it to that).
 
+A mixed step (:func:`mixed`: the decoding rows' tokens and prompt chunks as one flat
+sequence, :class:`~pipeline.llm.runner.mixed_attention.MixedCache` keeping the segments
+apart) runs the same layers the same way, for the same reason.
+
 Only models it can prove that for take it (:func:`supports`): the two architectures above,
 every layer full attention, voxpipe's attention implementation, and no module hooks;
 anything else runs transformers' forward.
@@ -30,7 +34,8 @@ MODEL_TYPES = ("llama", "qwen2")
 
 
 def supports(model) -> bool:
-    """True when :func:`decode` computes exactly what ``model(...)`` would for a decode step."""
+    """True when :func:`decode` and :func:`mixed` compute exactly what ``model(...)`` would
+    for their steps."""
     cfg = getattr(model, "config", None)
     inner = getattr(model, "model", None)
     if cfg is None or inner is None or getattr(cfg, "model_type", None) not in MODEL_TYPES:
@@ -57,16 +62,43 @@ def decode(model, input_ids: torch.Tensor, attn: torch.Tensor, position_ids: tor
         cache: the rows' transformers cache (its ``update(k, v, layer)`` appends this
             step's column and returns the layer's whole keys and values).
     """
+    h = _layers(model, input_ids, position_ids, cache, attn.bool()[:, None, None, :], None)
+    return model.lm_head.forward(h[:, -1:, :])[:, -1]
+
+
+def mixed(model, input_ids: torch.Tensor, position_ids: torch.Tensor, cache, keep: torch.Tensor) -> torch.Tensor:
+    """One mixed decode + prefill step (:meth:`~pipeline.llm.runner.runner.ModelRunner._mixed`):
+    the logits (len(keep), vocab) of the flat sequence's positions ``keep``, in the model's
+    dtype, bit-identical to ``model(..., logits_to_keep=keep, voxpipe_mixed=cache)``.
+
+    Args:
+        model: a model for which :func:`supports` is True.
+        input_ids, position_ids: (1, L) long, the step's flat sequence (one token per
+            decoding row, then each prompt chunk).
+        cache: the step's :class:`~pipeline.llm.runner.mixed_attention.MixedCache` (it
+            stores the new keys and values and runs attention per segment).
+        keep: (n,) long positions of the flat sequence whose logits are wanted.
+    """
+    h = _layers(model, input_ids, position_ids, cache, None, cache)
+    return model.lm_head.forward(h[:, keep, :])[0]
+
+
+def _layers(model, input_ids: torch.Tensor, position_ids: torch.Tensor, cache, mask: torch.Tensor | None,
+            segments) -> torch.Tensor:
+    """The final-normed hidden states (B, S, hidden) of ``input_ids`` (B, S): transformers'
+    decoder layers, called module by module. ``mask`` (B, 1, 1, T) bool is the attention
+    mask, or ``segments`` a :class:`~pipeline.llm.runner.mixed_attention.MixedCache` that
+    runs attention itself (then ``mask`` is unused)."""
     inner = model.model
     rope = sys.modules[type(inner.layers[0].self_attn).__module__].apply_rotary_pos_emb
     h = inner.embed_tokens.forward(input_ids)
     cos, sin = inner.rotary_emb(h, position_ids)
-    mask = attn.bool()[:, None, None, :]
-    b = h.shape[0]
+    b, s = input_ids.shape
+    extra = {} if segments is None else {"voxpipe_mixed": segments}
     for i, (layer, (qkv, gate_up)) in enumerate(zip(inner.layers, _fused(model))):
         a = layer.self_attn
         x = layer.input_layernorm.forward(h)
-        shape = (b, 1, -1, a.head_dim)
+        shape = (b, s, -1, a.head_dim)
         if qkv is not None:
             q, k, v = (y.view(shape).transpose(1, 2) for y in qkv(x))
         else:
@@ -76,14 +108,13 @@ def decode(model, input_ids: torch.Tensor, attn: torch.Tensor, position_ids: tor
         q, k = rope(q, k, cos, sin)
         k, v = cache.update(k, v, i)
         o, _ = mixed_attention(a, q, k, v, mask, dropout=0.0, scaling=a.scaling,
-                               sliding_window=getattr(a, "sliding_window", None))
-        h = h + a.o_proj.forward(o.reshape(b, 1, -1).contiguous())
+                               sliding_window=getattr(a, "sliding_window", None), **extra)
+        h = h + a.o_proj.forward(o.reshape(b, s, -1).contiguous())
         x = layer.post_attention_layernorm.forward(h)
         m = layer.mlp
         g, u = gate_up(x) if gate_up is not None else (m.gate_proj.forward(x), m.up_proj.forward(x))
         h = h + m.down_proj.forward(m.act_fn.forward(g) * u)
-    h = inner.norm.forward(h)
-    return model.lm_head.forward(h[:, -1:, :])[:, -1]
+    return inner.norm.forward(h)
 
 
 _FUSED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

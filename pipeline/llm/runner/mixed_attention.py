@@ -103,9 +103,9 @@ def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     one call by the same rule; otherwise the rows run in PyTorch.
     Rows go one at a time over exactly their unmasked columns, not over the padded
     width: where a row's padding lies then changes no rounding, so this attention gives a
-    row the same bits in a batch as alone. (A whole reply is not batch-invariant: a step
-    of more than 8 rows runs the linears' bf16 copy, and prompt chunks prefilled inside a
-    mixed step round differently from a prompt prefilled alone.)
+    row the same bits in a batch as alone. (A whole reply is not batch-invariant: on a CPU
+    with AMX a step of more than 8 rows runs the linears' bf16 copy, and prompt chunks
+    prefilled inside a mixed step round differently from a prompt prefilled alone.)
 
     Args:
         query: (B, H, 1, D). key, value: (B, KV, T, D), H a multiple of KV (grouped-query

@@ -49,16 +49,22 @@ CFLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-mavx512f", "-mavx512bw", "-ma
           "-mavx512vnni", "-mf16c", "-mfma")
 
 
-def cpu_supported(cpuinfo: str | None = None) -> bool:
-    """True when the CPU has every flag in :data:`CPU_FLAGS` (read from ``/proc/cpuinfo``
-    unless ``cpuinfo`` is given; False where it cannot be read)."""
+def cpu_flags(cpuinfo: str | None = None) -> frozenset[str]:
+    """The first CPU's flags in ``/proc/cpuinfo`` (or in ``cpuinfo`` when given); empty where
+    it cannot be read."""
     if cpuinfo is None:
         try:
             cpuinfo = Path("/proc/cpuinfo").read_text()
         except OSError:
-            return False
-    flags = next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines() if line.startswith("flags")), [])
-    return all(f in flags for f in CPU_FLAGS)
+            return frozenset()
+    return frozenset(next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines()
+                           if line.startswith("flags")), []))
+
+
+def cpu_supported(cpuinfo: str | None = None) -> bool:
+    """True when the CPU has every flag in :data:`CPU_FLAGS` (read from ``/proc/cpuinfo``
+    unless ``cpuinfo`` is given; False where it cannot be read)."""
+    return cpu_flags(cpuinfo).issuperset(CPU_FLAGS)
 
 
 def cache_dir() -> Path:

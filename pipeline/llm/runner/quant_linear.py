@@ -16,8 +16,10 @@ traffic; 4-bit weights cut that traffic ~4×. PyTorch ships the CPU kernels:
 
 Where the CPU has AVX-512 VNNI and a C compiler is found, int4 layers run voxpipe's own
 kernel instead (:mod:`~pipeline.llm.runner.q4_native`: int8 activations, ``vpdpbusd``, fp16
-scale and min per group of 32), which reads the weights at the memory bandwidth at batch 1
-and unpacks them once for up to 8 rows; the paragraph below is about PyTorch's kernels.
+scale and min per group of 32), which reads the weights at the memory bandwidth at batch 1,
+unpacks them once for up to 8 rows and, without AMX, beats oneDNN bf16 at every width, so
+there it runs every step and no bf16 copy is kept (:func:`native_max_rows`); the paragraph
+below is about PyTorch's kernels.
 
 Both PyTorch kernels dequantize inside the inner loop, so their cost grows with the rows of ``x``:
 measured here (2-core EPYC, AVX-512 BF16, a Qwen2.5-0.5B-shaped stack of 24 layers, one
@@ -60,9 +62,29 @@ MAX_ROWS = {"int4": 4, "int8": 1}
 from the crossover measured above (int4 wins up to 4 rows, ties at 8; int8 wins only at 1)."""
 
 NATIVE_MAX_ROWS = 8
-"""The same for voxpipe's int4 kernel (:mod:`~pipeline.llm.runner.q4_native`), which unpacks
-each weight tile once for up to 8 rows: on a 12-layer Qwen-shaped stack it took 0.4× oneDNN
-bf16's time at 1 row, 0.8× at 8, 1.0× at 12 and 1.3× at 16 (one thread; two alike)."""
+"""Rows per step up to which voxpipe's int4 kernel runs on a CPU with AMX (see
+:func:`native_max_rows`); it unpacks each weight tile once for up to 8 rows."""
+
+AMX_FLAGS = ("amx_bf16", "amx_tile")
+"""``/proc/cpuinfo`` flags of Intel's AMX tile unit, on which oneDNN's bf16 GEMM runs."""
+
+
+def native_max_rows(cpuinfo: str | None = None) -> int | None:
+    """Default ``max_rows`` for layers on voxpipe's int4 kernel: None (the kernel for every
+    step, no bf16 copy kept) unless the CPU has AMX (:data:`AMX_FLAGS`), then
+    :data:`NATIVE_MAX_ROWS`.
+
+    Measured on this 2-core EPYC (AVX-512 VNNI and BF16, no AMX), a Qwen2.5-0.5B-shaped stack
+    of 24 layers, 2 threads, ms per step (``rows``: int4 kernel / oneDNN bf16): 1: 3.6 / 34.6,
+    8: 14.1 / 31.9, 16: 22.4 / 47.9, 32: 48.6 / 73.1, 64: 90.1 / 129.0, 256: 335.4 / 466.4
+    (one thread: 1.4–8× alike). Without AMX, bf16 multiplies on the same AVX-512 units
+    (``vdpbf16ps``, 32 products per instruction) as the kernel's ``vpdpbusd`` (64), so the
+    kernel wins at every width, prefill chunks included, and the bf16 copy (~0.9 GB for Qwen)
+    buys nothing. AMX's tile multiply is built for wide bf16 GEMMs; there, steps of more than
+    :data:`NATIVE_MAX_ROWS` rows keep the bf16 copy (no AMX machine was at hand to measure).
+    """
+    return NATIVE_MAX_ROWS if q4_native.cpu_flags(cpuinfo).issuperset(AMX_FLAGS) else None
+
 
 KINDS = ("int4", "int8")
 
@@ -264,7 +286,7 @@ def quantize_linears(model: torch.nn.Module, kind: str, *, group: int = INT4_GRO
         group: preferred int4 group (a layer whose K it does not divide takes the next of
             :data:`GROUP_SIZES` that does).
         max_rows: rows per step up to which the quantized kernel runs (by default
-            :data:`NATIVE_MAX_ROWS` with voxpipe's int4 kernel, else :data:`MAX_ROWS`; None:
+            :func:`native_max_rows` with voxpipe's int4 kernel, else :data:`MAX_ROWS`; None:
             always, and no bf16 copy kept).
         lm_head: quantize the output projection too (the embedding never is). None
             (default): only when it is its own tensor, not tied to the input embedding.
@@ -287,7 +309,7 @@ def quantize_linears(model: torch.nn.Module, kind: str, *, group: int = INT4_GRO
     if kind not in KINDS:
         raise ValueError(f"unknown quantization {kind!r}: use one of {KINDS}")
     if max_rows == "default":
-        max_rows = NATIVE_MAX_ROWS if kind == "int4" and native is not False and q4_native.available() \
+        max_rows = native_max_rows() if kind == "int4" and native is not False and q4_native.available() \
             else MAX_ROWS[kind]
     rows = max_rows
     assert rows is None or isinstance(rows, int)

@@ -61,7 +61,7 @@ class ModelRunner:
         block_size: tokens per cached block.
         mixed: run the prefill chunks in the same forward as the decoding rows
             (:meth:`_mixed`); False runs them as a second, padded forward.
-        lean_decode: run decode steps through :func:`~pipeline.llm.runner.decode_step.decode`
+        lean_decode: run decode and mixed steps through :mod:`~pipeline.llm.runner.decode_step`
             (bit-identical, less Python) where the model supports it (with ``mixed``: it
             needs voxpipe's attention).
     """
@@ -122,12 +122,13 @@ class ModelRunner:
         scales and biases of ``QuantLinear``), oneDNN-packed bf16 linears
         (``PackedLinear.packed``, also a ``QuantLinear``'s bf16 copy) and int8 dynamic linears'
         packed weights."""
-        total, seen = 0, set()
+        total = 0
+        seen: dict[int, torch.Tensor] = {}  # holds each tensor: a freed temporary's id could come back
 
         def add(t) -> None:
             nonlocal total
             if isinstance(t, torch.Tensor) and id(t) not in seen:
-                seen.add(id(t))
+                seen[id(t)] = t
                 total += t.numel() * t.element_size()
 
         for m in self.model.modules():
@@ -294,11 +295,13 @@ class ModelRunner:
                            lens + [pad] * bool(pad))
         last = torch.tensor([b - 1 + sum(lens[: j + 1]) for j in range(len(reqs))], device=dev)
         keep = torch.cat([torch.arange(b, device=dev), last])
-        res = self.model(input_ids=ids[None], attention_mask=_NO_MASK, position_ids=pos[None],
-                         cache=cache, use_cache=True, logits_to_keep=keep, voxpipe_mixed=cache)
+        if self.lean_decode:
+            logits = decode_step.mixed(self.model, ids[None], pos[None], cache, keep)
+        else:
+            logits = self.model(input_ids=ids[None], attention_mask=_NO_MASK, position_ids=pos[None], cache=cache,
+                                use_cache=True, logits_to_keep=keep, voxpipe_mixed=cache).logits[0]
         batch.close_column()
         self.pos = last_pos + 1
-        logits = res.logits[0]
         out = self._sample_slots(logits[:b])
         offs = [sum(lens[:j]) for j in range(len(reqs))]
         rows = [RowsKV([torch.cat([p.keys[i], k[:, :, o : o + n]], dim=2) if p.keys else k[:, :, o : o + n]
