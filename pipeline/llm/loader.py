@@ -178,24 +178,6 @@ def load_tokenizer(path: str) -> Any:
         raise ValueError(f"--tokenizer {path}: no tokenizer could be loaded from it ({exc})") from None
 
 
-def own_embedding(model) -> None:
-    """Copy ``model``'s input embedding into the process's own memory, in place (the same
-    ``Parameter``, so a head tied to it stays tied).
-
-    transformers loads safetensors weights as views of a private memory map of the file, so
-    every embedding row is read from the file on its first lookup: a page fault per new token
-    while serving (Qwen2.5-0.5B's embedding is 272 MB: 20 lookups of 8 random tokens took 5.1 ms
-    each, with 149 minor and 10 major page faults, against 0.01 ms once resident; a profiled
-    batch-8 decode run of 64 steps spent 0.27 of its 2.9 s there). The linear layers need no
-    copy: quantizing or packing them already made their own."""
-    import torch
-
-    emb = model.get_input_embeddings()
-    if emb is not None and emb.weight.device.type == "cpu":
-        with torch.no_grad():
-            emb.weight.data = emb.weight.data.clone()
-
-
 def load_llm(name: str, *, device: str = "auto", threads: int | None = None,
              quant_head: bool | None = None, native_int4: bool | None = None) -> LoadedLLM:
     """Load the chat model ``name`` (see :func:`llm_folder`) for inference.
@@ -228,6 +210,9 @@ def load_llm(name: str, *, device: str = "auto", threads: int | None = None,
 
         logger.info("pre-packed %d bf16 linear layers for oneDNN", pack_linears(model))
     if dev.type == "cpu":
-        own_embedding(model)
+        from pipeline.llm.runner.own_memory import own_weights
+
+        # the weights file's memory map: released, and no page fault per new token's embedding
+        logger.info("copied out of the weights file's memory map: %s", own_weights(model, folder))
     short = name if name in LLM_CHOICES else folder.name
     return LoadedLLM(model=model, tokenizer=tok, name=short, device=dev, dtype=dtype)

@@ -1,0 +1,107 @@
+"""Move a loaded model's weights out of the weights file's memory map.
+
+transformers hands over safetensors weights as views of a private memory map of the file.
+Two costs follow on CPU:
+
+* every page of the file the weights touch stays mapped and counted in the process's RSS
+  as long as one tensor still points into it. Quantizing or packing the linear layers makes
+  their own copies, but the norms and biases (Qwen2.5-0.5B: 121 tensors, 0.1 MB) kept the
+  whole 1.2 GB file mapped and resident: RSS 2.4 GB after loading with int4, 1.2 GB once
+  they were copied (found by the attack pass of 2026-12-03);
+* each embedding row is read from the file on its first lookup: 20 lookups of 8 random
+  tokens of Qwen's 272 MB embedding took 5.1 ms each, with 149 minor and 10 major page
+  faults, against 0.01 ms once resident (0.27 s of a profiled 2.9 s batch-8 decode run).
+
+:func:`own_weights` copies every tensor that still lies in a mapping of the model's files
+into the process's own memory, in place, so the mapping is released.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+def mapped_ranges(folder: Path, maps: str | None = None) -> list[tuple[int, int]] | None:
+    """Address ranges ``[start, end)`` of this process's memory maps of files under
+    ``folder`` (from ``/proc/self/maps`` unless ``maps`` is given); None where it cannot be
+    read (not Linux)."""
+    if maps is None:
+        try:
+            maps = Path("/proc/self/maps").read_text()
+        except OSError:
+            return None
+    root = os.path.realpath(folder) + os.sep
+    ranges = []
+    for line in maps.splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and fields[5].startswith(root):
+            lo, hi = fields[0].split("-")
+            ranges.append((int(lo, 16), int(hi, 16)))
+    return ranges
+
+
+@dataclass(frozen=True)
+class OwnReport:
+    """What :func:`own_weights` copied: tensors and bytes (None: the maps could not be read,
+    so only the input embedding was copied)."""
+
+    tensors: int
+    bytes: int
+    maps_read: bool = True
+
+
+def own_weights(model: torch.nn.Module, folder: Path) -> OwnReport:
+    """Copy every parameter, buffer and tensor attribute of ``model``'s modules that lies in a
+    memory map of a file under ``folder`` into the process's own memory, in place.
+
+    A ``Parameter`` keeps its identity (``.data`` is replaced), so weights tied to it stay
+    tied; other tensors are replaced by their copies. Where ``/proc/self/maps`` cannot be
+    read, only the input embedding is copied (the one read on the serving path by rows).
+    """
+    ranges = mapped_ranges(folder)
+    if ranges is None:
+        get = getattr(model, "get_input_embeddings", None)
+        emb = get() if callable(get) else None
+        if not isinstance(emb, torch.nn.Module) or not isinstance(emb.weight, torch.Tensor) or \
+                emb.weight.device.type != "cpu":
+            return OwnReport(0, 0, maps_read=False)
+        with torch.no_grad():
+            emb.weight.data = emb.weight.data.clone()
+        return OwnReport(1, emb.weight.numel() * emb.weight.element_size(), maps_read=False)
+
+    def mapped(t: torch.Tensor) -> bool:
+        if t.device.type != "cpu" or t.layout is not torch.strided:
+            return False
+        try:
+            ptr = t.untyped_storage().data_ptr()
+        except (RuntimeError, NotImplementedError):  # an opaque tensor (oneDNN's own layout)
+            return False
+        return any(lo <= ptr < hi for lo, hi in ranges)
+
+    done: set[int] = set()
+    n = size = 0
+    with torch.no_grad():
+        for m in model.modules():
+            found: list[tuple[str, torch.Tensor, str]] = [(k, t, "p") for k, t in m._parameters.items()
+                                                           if t is not None]
+            found += [(k, t, "b") for k, t in m._buffers.items() if t is not None]
+            found += [(k, t, "a") for k, t in vars(m).items() if isinstance(t, torch.Tensor)]
+            for name, t, kind in found:
+                if id(t) in done or not mapped(t):
+                    continue
+                done.add(id(t))
+                n, size = n + 1, size + t.numel() * t.element_size()
+                if isinstance(t, torch.nn.Parameter):
+                    t.data = t.data.clone()
+                elif kind == "b":
+                    m._buffers[name] = t.clone()
+                else:
+                    setattr(m, name, t.clone())
+    return OwnReport(n, size)
