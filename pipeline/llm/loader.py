@@ -213,6 +213,6 @@ def load_llm(name: str, *, device: str = "auto", threads: int | None = None,
         from pipeline.llm.runner.own_memory import own_weights
 
         # the weights file's memory map: released, and no page fault per new token's embedding
-        logger.info("copied out of the weights file's memory map: %s", own_weights(model, folder))
+        logger.info("copied out of the weights file's memory map: %s", own_weights(model))
     short = name if name in LLM_CHOICES else folder.name
     return LoadedLLM(model=model, tokenizer=tok, name=short, device=dev, dtype=dtype)

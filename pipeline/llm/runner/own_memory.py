@@ -12,14 +12,13 @@ Two costs follow on CPU:
   tokens of Qwen's 272 MB embedding took 5.1 ms each, with 149 minor and 10 major page
   faults, against 0.01 ms once resident (0.27 s of a profiled 2.9 s batch-8 decode run).
 
-:func:`own_weights` copies every tensor that still lies in a mapping of the model's files
-into the process's own memory, in place, so the mapping is released.
+:func:`own_weights` copies every tensor that still lies in a file-backed mapping into the
+process's own memory, in place, so the mapping is released.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,20 +27,20 @@ import torch
 logger = logging.getLogger(__name__)
 
 
-def mapped_ranges(folder: Path, maps: str | None = None) -> list[tuple[int, int]] | None:
-    """Address ranges ``[start, end)`` of this process's memory maps of files under
-    ``folder`` (from ``/proc/self/maps`` unless ``maps`` is given); None where it cannot be
-    read (not Linux)."""
+def file_ranges(maps: str | None = None) -> list[tuple[int, int]] | None:
+    """Address ranges ``[start, end)`` of this process's file-backed memory maps (from
+    ``/proc/self/maps`` unless ``maps`` is given; a line whose path starts with ``/``); None
+    where it cannot be read (not Linux). Any file, not only those under the model's folder: a
+    hub snapshot's files are symlinks, and the maps name their targets."""
     if maps is None:
         try:
             maps = Path("/proc/self/maps").read_text()
         except OSError:
             return None
-    root = os.path.realpath(folder) + os.sep
     ranges = []
     for line in maps.splitlines():
         fields = line.split(maxsplit=5)
-        if len(fields) == 6 and fields[5].startswith(root):
+        if len(fields) == 6 and fields[5].startswith("/"):
             lo, hi = fields[0].split("-")
             ranges.append((int(lo, 16), int(hi, 16)))
     return ranges
@@ -49,23 +48,23 @@ def mapped_ranges(folder: Path, maps: str | None = None) -> list[tuple[int, int]
 
 @dataclass(frozen=True)
 class OwnReport:
-    """What :func:`own_weights` copied: tensors and bytes (None: the maps could not be read,
-    so only the input embedding was copied)."""
+    """What :func:`own_weights` copied: tensors and bytes (``maps_read`` False: the maps
+    could not be read, so only the input embedding was copied)."""
 
     tensors: int
     bytes: int
     maps_read: bool = True
 
 
-def own_weights(model: torch.nn.Module, folder: Path) -> OwnReport:
+def own_weights(model: torch.nn.Module) -> OwnReport:
     """Copy every parameter, buffer and tensor attribute of ``model``'s modules that lies in a
-    memory map of a file under ``folder`` into the process's own memory, in place.
+    file-backed memory map (:func:`file_ranges`) into the process's own memory, in place.
 
     A ``Parameter`` keeps its identity (``.data`` is replaced), so weights tied to it stay
     tied; other tensors are replaced by their copies. Where ``/proc/self/maps`` cannot be
     read, only the input embedding is copied (the one read on the serving path by rows).
     """
-    ranges = mapped_ranges(folder)
+    ranges = file_ranges()
     if ranges is None:
         get = getattr(model, "get_input_embeddings", None)
         emb = get() if callable(get) else None
