@@ -18,13 +18,10 @@ process's own memory, in place, so the mapping is released.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-
-logger = logging.getLogger(__name__)
 
 
 def file_ranges(maps: str | None = None) -> list[tuple[int, int]] | None:
