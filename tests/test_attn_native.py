@@ -76,6 +76,40 @@ def test_huge_scores_and_a_long_context_stay_finite_and_exact():
 
 
 @needs_kernel
+@needs_kernel
+@given(heads=st.sampled_from([(14, 2), (8, 8), (9, 3)]), d=st.sampled_from([16, 64]), past=st.integers(0, 60),
+       n=st.integers(1, 24), seed=st.integers(0, 999))
+@settings(max_examples=40, deadline=None)
+def test_a_prompt_chunk_equals_fp32_causal_sdpa_over_its_past_and_itself(heads, d, past, n, seed):
+    h, kv = heads
+    g = torch.Generator().manual_seed(seed)
+    flat = torch.randn(1, n + 3, h, d, generator=g).bfloat16().transpose(1, 2)  # a mixed step's query layout
+    q = flat[:, :, 3:]
+    k = torch.randn(1, kv, past + n, d, generator=g).mul(2).bfloat16()
+    v = torch.randn(1, kv, past + n, d, generator=g).bfloat16()
+    out = attn_native.chunk(q, k, v, d ** -0.5)
+    mask = torch.ones(n, past + n, dtype=torch.bool).tril(past)  # token i sees columns 0 .. past + i
+    ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask,
+                                                           scale=d ** -0.5, enable_gqa=True).transpose(1, 2)
+    assert out is not None and out.shape == (1, n, h, d) and out.dtype == torch.bfloat16
+    assert torch.allclose(out.float(), ref, atol=2e-2, rtol=1e-2)
+    # token i is a row over its own columns: alone (as a one-token chunk over its prefix) it gets the same bits
+    i = n // 2
+    alone = attn_native.chunk(q[:, :, i:i + 1], k[:, :, :past + i + 1], v[:, :, :past + i + 1], d ** -0.5)
+    assert alone is not None and torch.equal(alone[0, 0], out[0, i])
+
+
+@needs_kernel
+def test_ends_out_of_range_are_left_to_pytorch():
+    q = torch.randn(2, 4, 1, 64).bfloat16()
+    k = v = torch.randn(2, 2, 10, 64).bfloat16()
+    assert attn_native.attend(q, k, v, [0, 0], 0.1, ends=[10, 5]) is not None
+    assert attn_native.attend(q, k, v, [0, 0], 0.1, ends=[11, 5]) is None  # past the columns
+    assert attn_native.attend(q, k, v, [3, 0], 0.1, ends=[3, 5]) is None  # empty span
+    assert attn_native.attend(q, k, v, [0, 0], 0.1, ends=[5]) is None  # one end for two rows
+    assert attn_native.chunk(q[:1].transpose(1, 2), k[:1, :, :1], v[:1, :, :1], 0.1) is None  # more tokens than columns
+
+
 def test_what_it_does_not_take_is_left_to_pytorch():
     q = torch.randn(1, 4, 1, 64).bfloat16()
     k = v = torch.randn(1, 2, 10, 64).bfloat16()

@@ -365,3 +365,19 @@ def test_the_block_cache_stays_within_its_limit_and_evicts_least_recent_first(ti
     hits = runner.blocks.stats.hit_tokens
     run(tiny_model, [(0, prompts[0] + [7], 4)], runner=runner)  # the oldest was evicted
     assert runner.blocks.stats.hit_tokens == hits
+
+
+def test_prompts_arriving_at_an_empty_batch_prefill_as_one_flat_sequence(tiny_model):
+    g = torch.Generator().manual_seed(5)
+    specs = [(0, torch.randint(1, 256, (n,), generator=g).tolist(), 12) for n in (3, 37, 9, 20)]
+    flat = ModelRunner(tiny_model, torch.device("cpu"), pad_id=0)
+    calls: dict[str, list] = {"mixed": [], "prefill": []}
+    for name in calls:
+        real = getattr(flat, f"_{name}")
+        setattr(flat, f"_{name}", lambda reqs, spans, real=real, name=name:
+                calls[name].append(len(reqs)) or real(reqs, spans))
+    together = run(tiny_model, specs, max_batch=4, runner=flat)
+    assert calls["prefill"] == [] and calls["mixed"][0] == 4  # the four prompts, unpadded, in one forward
+    padded = run(tiny_model, specs, max_batch=4,
+                 runner=ModelRunner(tiny_model, torch.device("cpu"), pad_id=0, prefix_cache=False, mixed=False))
+    assert together == padded

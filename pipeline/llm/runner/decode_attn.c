@@ -1,7 +1,9 @@
 /* Decode attention on CPU (AVX-512), voxpipe: one query token per row over the row's own columns.
  *
  * out[b, h, :] = softmax_t(scale · q[b, h, :] · k[b, h / G, t, :]) · v[b, h / G, t, :]  for t in
- * [start[b], T), G = H / KV (grouped-query attention: query head h reads KV head h / G).
+ * [start[b], end[b]), G = H / KV (grouped-query attention: query head h reads KV head h / G). A decode
+ * step's rows end at T; a prompt chunk's tokens are rows over one shared KV, token i ending at
+ * past + i + 1 (causal).
  *
  * One task per (row, KV head) computes all G query heads of that KV head, so each key and value
  * row is read and widened to fp32 once for G heads. Sums run in fp32 in a fixed order over the
@@ -108,23 +110,25 @@ static int task(const uint16_t *q, long q_sh, const uint16_t *k, long k_st, cons
     return 0;
 }
 
-/* q: [B, H, D] (strides q_sb, q_sh); k, v: [B, KV, T, D] (strides *_sb, *_sh, *_st); starts: [B] first
- * column of each row (0 <= start < T); out: contiguous [B, H, D]. D % 16 == 0, D <= 256, H % KV == 0,
- * H / KV <= 256. Returns 0, or -1 on a bad shape or a failed allocation. */
+/* q: [B, H, D] (strides q_sb, q_sh); k, v: [B, KV, T, D] (strides *_sb, *_sh, *_st; a stride of 0 shares
+ * one KV between rows, as a prompt chunk's tokens do); starts, ends: [B], row b attends columns
+ * [starts[b], ends[b]) (0 <= start < end <= T; ends NULL: every row ends at T); out: contiguous [B, H, D].
+ * D % 16 == 0, D <= 256, H % KV == 0, H / KV <= 256. Returns 0, or -1 on a bad shape or a failed
+ * allocation. */
 int attn_decode(const uint16_t *q, long q_sb, long q_sh, const uint16_t *k, long k_sb, long k_sh, long k_st,
-                const uint16_t *v, long v_sb, long v_sh, long v_st, const int *starts, uint16_t *out, int B, int H,
-                int KV, int T, int D, float scale, int threads) {
+                const uint16_t *v, long v_sb, long v_sh, long v_st, const int *starts, const int *ends,
+                uint16_t *out, int B, int H, int KV, int T, int D, float scale, int threads) {
     if (B <= 0 || KV <= 0 || T <= 0 || D <= 0 || D % 16 || D > MAX_D || H % KV || H / KV > 256) return -1;
     for (int b = 0; b < B; b++)
-        if (starts[b] < 0 || starts[b] >= T) return -1;
+        if (starts[b] < 0 || (ends ? ends[b] > T || starts[b] >= ends[b] : starts[b] >= T)) return -1;
     const int G = H / KV;
     int failed = 0;
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1) reduction(| : failed)
     for (int task_id = 0; task_id < B * KV; task_id++) {
-        int b = task_id / KV, h = task_id % KV, s = starts[b];
+        int b = task_id / KV, h = task_id % KV, s = starts[b], e = ends ? ends[b] : T;
         failed |= task(q + b * q_sb + (long)h * G * q_sh, q_sh, k + b * k_sb + h * k_sh + s * k_st, k_st,
                        v + b * v_sb + h * v_sh + s * v_st, v_st, out + ((size_t)b * H + (size_t)h * G) * D, G,
-                       T - s, D, scale);
+                       e - s, D, scale);
     }
     return failed ? -1 : 0;
 }

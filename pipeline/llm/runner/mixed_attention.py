@@ -35,8 +35,9 @@ class MixedCache:
 
     Args:
         batch: the running rows' cache (``DynamicCache`` of :class:`~pipeline.llm.runner.batch_kv.BatchLayer`),
-            which gets each layer's decoded column written in place.
-        attn: (B, T+1) bool mask of the rows' columns after this step's column.
+            which gets each layer's decoded column written in place; None when no row is
+            decoding (a step of prompt chunks only).
+        attn: (B, T+1) bool mask of the rows' columns after this step's column (B = 0: no row).
         pasts: per chunk, a :class:`~pipeline.llm.runner.kv_rows.RowsKV` with its past KV (one row,
             no padding; may be empty).
         lens: tokens of each chunk, in flat-sequence order after the B decoding tokens.
@@ -49,6 +50,8 @@ class MixedCache:
         self.b = int(attn.shape[0])
         self.dec_mask = attn.bool()[:, None, None, :]  # (B, 1, 1, T+1)
         self.chunk_masks = [self._chunk_mask(p, n, attn.device) for p, n in zip(pasts, lens)]  # same in every layer
+        # a chunk whose past has no padding is plain causal attention over its KV (the C kernel)
+        self.plain = [not p.keys or bool(p.attn.all()) for p in pasts]
         self.dec_kv: list[tuple[torch.Tensor, torch.Tensor]] = []  # per layer: rows' (B, kv_heads, T+1, D)
         self.new_keys: list[torch.Tensor] = []  # per layer: (1, kv_heads, sum(lens), head_dim)
         self.new_values: list[torch.Tensor] = []
@@ -56,8 +59,9 @@ class MixedCache:
     def update(self, k: torch.Tensor, v: torch.Tensor, layer_idx: int, *args, **kwargs):
         """Take the step's new keys/values (1, kv_heads, Q, head_dim) for one layer."""
         b = self.b
-        self.dec_kv.append(self.batch.layers[layer_idx].update(k[0, :, :b].transpose(0, 1)[:, :, None],
-                                                               v[0, :, :b].transpose(0, 1)[:, :, None]))
+        if b:
+            self.dec_kv.append(self.batch.layers[layer_idx].update(k[0, :, :b].transpose(0, 1)[:, :, None],
+                                                                   v[0, :, :b].transpose(0, 1)[:, :, None]))
         self.new_keys.append(k[:, :, b:])
         self.new_values.append(v[:, :, b:])
         return k, v
@@ -74,20 +78,27 @@ class MixedCache:
     def attend(self, module, query: torch.Tensor, layer: int, **kw) -> torch.Tensor:
         """Attention output (1, Q, heads, head_dim) of the flat query (1, heads, Q, head_dim)."""
         b = self.b
-        keys, values = self.dec_kv[layer]
-        q_dec = query[0, :, :b].transpose(0, 1)[:, :, None]  # (B, heads, 1, D)
-        out = _attention(module, q_dec, keys, values, self.dec_mask, **kw)
-        outs = [out.reshape(1, b, *out.shape[2:])]
+        outs = []
+        if b:
+            keys, values = self.dec_kv[layer]
+            q_dec = query[0, :, :b].transpose(0, 1)[:, :, None]  # (B, heads, 1, D)
+            dec = _attention(module, q_dec, keys, values, self.dec_mask, **kw)
+            outs.append(dec.reshape(1, b, *dec.shape[2:]))
         o = 0
-        for past, n, mask in zip(self.pasts, self.lens, self.chunk_masks):
+        for past, n, mask, plain in zip(self.pasts, self.lens, self.chunk_masks, self.plain):
             k, v = self.new_keys[layer][:, :, o : o + n], self.new_values[layer][:, :, o : o + n]
             if past.keys:
                 k = torch.cat([past.keys[layer], k], dim=2)
                 v = torch.cat([past.values[layer], v], dim=2)
-            out, _ = sdpa_attention_forward(module, query[:, :, b + o : b + o + n], k, v, mask, **kw)
+            q = query[:, :, b + o : b + o + n]
+            scale = kw.get("scaling")
+            out = attn_native.chunk(q, k, v, q.shape[-1] ** -0.5 if scale is None else scale) \
+                if plain and not kw.get("dropout") else None
+            if out is None:
+                out, _ = sdpa_attention_forward(module, q, k, v, mask, **kw)
             outs.append(out)
             o += n
-        return torch.cat(outs, dim=1)
+        return torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]
 
 
 def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,

@@ -152,7 +152,8 @@ def _library() -> ctypes.CDLL | None:
     fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 5
     at.restype = ctypes.c_int
     p, i64, i32 = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
-    at.argtypes = (p, i64, i64, p, i64, i64, i64, p, i64, i64, i64, p, p, i32, i32, i32, i32, i32, ctypes.c_float, i32)
+    at.argtypes = (p, i64, i64, p, i64, i64, i64, p, i64, i64, i64, p, p, p, i32, i32, i32, i32, i32, ctypes.c_float,
+                   i32)
     am.restype = ctypes.c_int
     am.argtypes = (p, i64, i64, i64, p)
     return lib

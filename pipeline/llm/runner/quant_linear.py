@@ -335,3 +335,14 @@ def quantize_linears(model: torch.nn.Module, kind: str, *, group: int = INT4_GRO
             report.kept[full] = str(exc)
             logger.warning("kept %s in bf16: %s", full, exc)
     return report
+
+
+def any_width(model: torch.nn.Module) -> bool:
+    """True when every linear layer of ``model`` except its output head is a
+    :class:`QuantLinear` on voxpipe's int4 kernel with no row limit: then no step goes
+    through oneDNN's linears, which compile a kernel per token count, and steps need not be
+    padded to a few token counts (:attr:`~pipeline.llm.runner.runner.ModelRunner.BUCKET`)."""
+    get_head = getattr(model, "get_output_embeddings", None)
+    head = get_head() if callable(get_head) else None
+    layers = [m for m in model.modules() if isinstance(m, (torch.nn.Linear, QuantLinear)) and m is not head]
+    return bool(layers) and all(isinstance(m, QuantLinear) and m.native and m.max_rows is None for m in layers)

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from pipeline.llm.runner import decode_step, greedy
+from pipeline.llm.runner import decode_step, greedy, quant_linear
 from pipeline.llm.runner.batch_kv import BatchKV
 from pipeline.llm.runner.block_cache import BLOCK_SIZE, Block, BlockCache
 from pipeline.llm.runner.kv_rows import RowsKV
@@ -70,7 +70,9 @@ class ModelRunner:
     """Prefill and mixed steps run a token count rounded up to a multiple of this (padding,
     masked or discarded): oneDNN compiles a kernel per linear-layer shape and token count and
     caches a bounded number (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``), so fewer distinct counts
-    mean cache hits instead of recompiling, and bounded memory."""
+    mean cache hits instead of recompiling, and bounded memory. Not where every linear layer
+    runs voxpipe's int4 kernel (:func:`~pipeline.llm.runner.quant_linear.any_width`): there
+    padding is only work (``bucket`` is 1)."""
 
     def __init__(self, model, device, pad_id: int, *, prefix_cache: bool = True, block_size: int = BLOCK_SIZE,
                  mixed: bool = True, lean_decode: bool = True) -> None:
@@ -83,6 +85,7 @@ class ModelRunner:
         self.cache_limit: int | None = None  # most tokens the block cache may keep (None: no limit)
         self._held: dict[int, list[Block]] = {}  # rid -> cached blocks its prompt started from
         self._partial: dict[int, RowsKV] = {}  # rid -> KV of a prompt prefilled so far
+        self.bucket = 1 if quant_linear.any_width(model) else self.BUCKET  # tokens per step rounded up to this
         self.mixed = mixed and use_mixed_attention(model)
         self.lean_decode = self.mixed and lean_decode and decode_step.supports(model)
 
@@ -194,7 +197,7 @@ class ModelRunner:
             live = sorted(r.rid for r in self.slots if r is not None)
             if live != sorted(r.rid for r in plan.decode):
                 raise RuntimeError(f"runner rows {live} do not match the plan {[r.rid for r in plan.decode]}")
-            if plan.decode and plan.prefill and self.mixed:
+            if plan.prefill and self.mixed and (plan.decode or self._flat_prefill()):
                 out.update(self._mixed(plan.prefill, plan.spans))
             else:
                 if plan.decode:
@@ -271,8 +274,16 @@ class ModelRunner:
                                                                device=self.device))
         return {row.rid: t for row, t in zip(rows, toks)}
 
+    def _flat_prefill(self) -> bool:
+        """Whether a step of prompt chunks alone runs as one flat sequence (:meth:`_mixed` with
+        no decoding row) instead of the padded batch of :meth:`_prefill`: on the CPU, where
+        padding is only work (each chunk padded to the longest and to the bucket: eight short
+        prompts arriving together cost ~0.5 s on Qwen2.5-0.5B int4, about three times their
+        tokens' worth)."""
+        return self.batch is None and self.device.type == "cpu"
+
     def _mixed(self, reqs: list[SchedRequest], spans: dict[int, tuple[int, int]]) -> dict[int, int]:
-        """Decode the running rows and prefill the planned chunks in ONE forward.
+        """Decode the running rows (if any) and prefill the planned chunks in ONE forward.
 
         On a CPU a decode step costs about one pass over the weights whatever the batch,
         so a separate prefill forward would cost the running rows a whole step. Here all
@@ -280,19 +291,22 @@ class ModelRunner:
         for the linear layers; attention runs per segment (:mod:`pipeline.llm.runner.mixed_attention`):
         each row over its own past, each chunk over its past and itself.
         """
-        batch, last_pos, last_tok = self._decoding()
+        decoding = self.batch is not None
         pasts, starts, ends, fresh = self._chunks(reqs, spans)
-        b = len(self.slots)
+        b = len(self.slots) if decoding else 0
         lens = [e - s for s, e in zip(starts, ends)]
         dev = self.device
-        ids = torch.cat([last_tok, torch.tensor([x for r, s, e in zip(reqs, starts, ends)
-                                                 for x in r.prompt_ids[s:e]], device=dev)])
-        pos = torch.cat([last_pos] + [torch.arange(s, e, device=dev) for s, e in zip(starts, ends)])
-        pad = -len(ids) % self.BUCKET  # a dummy segment rounds the step's length up (outputs unused)
+        ids = torch.tensor([x for r, s, e in zip(reqs, starts, ends) for x in r.prompt_ids[s:e]], device=dev)
+        pos = torch.cat([torch.arange(s, e, device=dev) for s, e in zip(starts, ends)])
+        if decoding:
+            batch, last_pos, last_tok = self._decoding()
+            ids, pos = torch.cat([last_tok, ids]), torch.cat([last_pos, pos])
+        pad = -len(ids) % self.bucket  # a dummy segment rounds the step's length up (outputs unused)
         ids = torch.cat([ids, torch.full((pad,), self.pad_id, device=dev)])
         pos = torch.cat([pos, torch.arange(pad, device=dev)])
-        cache = MixedCache(batch.cache, batch.open_column(), pasts + [RowsKV.empty()] * bool(pad),
-                           lens + [pad] * bool(pad))
+        cache = MixedCache(batch.cache if decoding else None,
+                           batch.open_column() if decoding else torch.ones((0, 1), dtype=torch.bool, device=dev),
+                           pasts + [RowsKV.empty()] * bool(pad), lens + [pad] * bool(pad))
         last = torch.tensor([b - 1 + sum(lens[: j + 1]) for j in range(len(reqs))], device=dev)
         keep = torch.cat([torch.arange(b, device=dev), last])
         if self.lean_decode:
@@ -300,9 +314,11 @@ class ModelRunner:
         else:
             logits = self.model(input_ids=ids[None], attention_mask=_NO_MASK, position_ids=pos[None], cache=cache,
                                 use_cache=True, logits_to_keep=keep, voxpipe_mixed=cache).logits[0]
-        batch.close_column()
-        self.pos = last_pos + 1
-        out = self._sample_slots(logits[:b])
+        out = {}
+        if decoding:
+            batch.close_column()
+            self.pos = last_pos + 1
+            out = self._sample_slots(logits[:b])
         offs = [sum(lens[:j]) for j in range(len(reqs))]
         rows = [RowsKV([torch.cat([p.keys[i], k[:, :, o : o + n]], dim=2) if p.keys else k[:, :, o : o + n]
                      for i, k in enumerate(cache.new_keys)],
@@ -322,7 +338,7 @@ class ModelRunner:
         past = RowsKV.cat(pasts)
         n, tp = len(reqs), past.columns
         c = max(e - s for s, e in zip(starts, ends))
-        c += -c % self.BUCKET  # left padding up to the bucket: fewer distinct shapes
+        c += -c % self.bucket  # left padding up to the bucket: fewer distinct shapes
         ids = torch.full((n, c), self.pad_id, dtype=torch.long)
         chunk = torch.zeros((n, c), dtype=torch.long)
         pos = torch.zeros((n, c), dtype=torch.long)
