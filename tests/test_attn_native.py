@@ -35,8 +35,9 @@ def _batch_kv(b, kv, t, d, spare, gen):
 
 
 @needs_kernel
-@given(b=st.integers(1, 8), heads=st.sampled_from([(14, 2), (8, 8), (32, 8), (9, 3)]),
-       d=st.sampled_from([16, 64, 128]), t=st.integers(1, 90), spare=st.integers(0, 5), seed=st.integers(0, 999))
+@given(b=st.integers(1, 8), heads=st.sampled_from([(14, 2), (8, 8), (32, 8), (9, 3), (32, 2), (12, 1)]),
+       d=st.sampled_from([16, 48, 64, 80, 128, 256]), t=st.integers(1, 90), spare=st.integers(0, 5),
+       seed=st.integers(0, 999))
 @settings(max_examples=60, deadline=None)
 def test_equals_fp32_sdpa_over_each_rows_own_columns(b, heads, d, t, spare, seed):
     h, kv = heads
@@ -77,7 +78,7 @@ def test_huge_scores_and_a_long_context_stay_finite_and_exact():
 
 @needs_kernel
 @needs_kernel
-@given(heads=st.sampled_from([(14, 2), (8, 8), (9, 3)]), d=st.sampled_from([16, 64]), past=st.integers(0, 60),
+@given(heads=st.sampled_from([(14, 2), (8, 8), (9, 3)]), d=st.sampled_from([16, 48, 64, 128]), past=st.integers(0, 60),
        n=st.integers(1, 24), seed=st.integers(0, 999))
 @settings(max_examples=40, deadline=None)
 def test_a_prompt_chunk_equals_fp32_causal_sdpa_over_its_past_and_itself(heads, d, past, n, seed):
