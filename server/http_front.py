@@ -117,6 +117,10 @@ class HttpFront:
     def take(self, transport: asyncio.Transport, data: bytes) -> None:
         """Serve the connection ``transport`` with uvicorn from now on; ``data``: the bytes
         read so far."""
+        if self.closing or (self.max_connections and len(self.state.connections) >= self.max_connections):
+            # the sniffing websockets protocol never started: hand the refused connection to a
+            # plain protocol, so closing it does not reach websockets' connection_lost (a traceback)
+            transport.set_protocol(asyncio.Protocol())
         if self.closing:
             transport.abort()
             return

@@ -77,7 +77,6 @@ def test_huge_scores_and_a_long_context_stay_finite_and_exact():
 
 
 @needs_kernel
-@needs_kernel
 @given(heads=st.sampled_from([(14, 2), (8, 8), (9, 3)]), d=st.sampled_from([16, 48, 64, 128]), past=st.integers(0, 60),
        n=st.integers(1, 24), seed=st.integers(0, 999))
 @settings(max_examples=40, deadline=None)

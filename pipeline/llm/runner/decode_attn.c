@@ -196,7 +196,9 @@ int attn_decode(const uint16_t *q, long q_sb, long q_sh, const uint16_t *k, long
         if (starts[b] < 0 || (ends ? ends[b] > T || starts[b] >= ends[b] : starts[b] >= T)) return -1;
     const int G = H / KV;
     int failed = 0;
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1) reduction(| : failed)
+    /* tasks dealt out one at a time: a prompt chunk's rows grow by a column each (causal), so
+     * contiguous blocks would leave the last thread the longest rows */
+#pragma omp parallel for num_threads(threads) schedule(static, 1) if (threads > 1) reduction(| : failed)
     for (int task_id = 0; task_id < B * KV; task_id++) {
         int b = task_id / KV, h = task_id % KV, s = starts[b], e = ends ? ends[b] : T;
         failed |= task(q + b * q_sb + (long)h * G * q_sh, q_sh, k + b * k_sb + h * k_sh + s * k_st, k_st,
