@@ -231,6 +231,7 @@ def main(args) -> int:
     ]
     loads = [f"closed c={args.concurrency}", f"poisson {args.rate}/s"]
     rows: list[Row] = []
+    rounds: list[tuple[Row, Row]] = []
     models: dict = {}
     for mode, dev, sched in modes:
         if dev not in models:
@@ -241,11 +242,49 @@ def main(args) -> int:
             rows.append(run_mode(models[dev], mode, sched, load, args.requests, args.concurrency, args.rate))
             if dev == "cpu-int4":
                 rows[-1].dtype = "int4 weights"
+        if mode == "dynamic batching" and getattr(args, "rounds", 0):
+            rounds = run_rounds(models[dev], modes[0][2], sched, args.rounds, args.requests, args.concurrency)
     if args.json:
-        print(json.dumps([asdict(r) for r in rows], indent=1))
+        table = [asdict(r) for r in rows]
+        print(json.dumps({"rows": table, "rounds": [[asdict(a), asdict(b)] for a, b in rounds]} if rounds else table,
+                         indent=1))
     else:
         print(format_table(rows, args))
+        if rounds:
+            print(format_rounds(rounds))
     return 0
+
+
+def run_rounds(llm, alone, batched, n_rounds: int, n: int, concurrency: int) -> list[tuple[Row, Row]]:
+    """The closed loop's batching ratio measured in turns: ``n_rounds`` × (no batching, then
+    continuous batching), each a fresh :func:`run_mode` of ``n`` requests at ``concurrency``.
+
+    The machine's speed drifts between minutes (here batch-1 decode moved by a third within
+    an hour), and batch 1 (memory-bound) drifts more than batch 8 (compute-bound), so one
+    pair of rows measured minutes apart gives a ratio that moves with the drift; pairs in
+    turns, with the median of their ratios, move less (as ``bench quant``'s repeats).
+
+    Returns:
+        ``[(no batching row, continuous batching row), ...]``, one pair per round.
+    """
+    load = f"closed c={concurrency}"
+    return [(run_mode(llm, "no batching", alone, load, n, concurrency, 0.0),
+             run_mode(llm, "dynamic batching", batched, load, n, concurrency, 0.0)) for _ in range(n_rounds)]
+
+
+def format_rounds(rounds: list[tuple[Row, Row]]) -> str:
+    """A row per round (tok/s of each mode, the ratio over the whole run and over its steady
+    window) and the medians of the ratios."""
+    lines = [f"rounds in turns, {rounds[0][0].load}, {rounds[0][0].requests} requests each:",
+             "| round | no batching tok/s | continuous tok/s | ratio | steady ratio |", "|---|---|---|---|---|"]
+    ratios, steadies = [], []
+    for i, (a, b) in enumerate(rounds, 1):
+        ratios.append(b.tok_s / a.tok_s)
+        steadies.append(b.steady_tok_s / a.steady_tok_s)
+        lines.append(f"| {i} | {a.tok_s} | {b.tok_s} | {ratios[-1]:.2f}x | {steadies[-1]:.2f}x |")
+    lines.append(f"continuous batching over no batching, median of {len(rounds)} rounds: "
+                 f"{statistics.median(ratios):.2f}x tok/s (steady {statistics.median(steadies):.2f}x)")
+    return "\n".join(lines)
 
 
 def format_table(rows: list[Row], args) -> str:

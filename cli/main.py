@@ -132,6 +132,9 @@ def _parser() -> argparse.ArgumentParser:
     bl.add_argument("--rate", type=float, default=1.5, help="Poisson arrivals per second")
     bl.add_argument("--max-batch-size", type=int, default=8)
     bl.add_argument("--threads", type=int, default=1)
+    bl.add_argument("--rounds", type=int, default=0,
+                    help="then run no batching and continuous batching (closed loop) this many more times "
+                         "in turns and print each round's ratio and their median (0)")
     bl.add_argument("--json", action="store_true")
 
     from bench.asr import add_arguments as asr_bench_arguments
@@ -152,6 +155,10 @@ def _parser() -> argparse.ArgumentParser:
                                                         "perplexity, decode tok/s, llama.cpp"))
     silent_bench_arguments(bsub.add_parser("silent", help="what connected sessions streaming silence cost the server"))
     ray_bench_arguments(bsub.add_parser("ray", help="per-call latency a Ray Serve deployment handle adds (loopback)"))
+    from bench.roof import add_arguments as roof_bench_arguments
+
+    roof_bench_arguments(bsub.add_parser("roof", help="int4 decode against the CPU's vpdpbusd peak: what batching "
+                                                      "can gain at most"))
     from bench.replies import add_arguments as replies_bench_arguments
 
     replies_bench_arguments(bsub.add_parser("replies", help="do replies answer or parrot? parrot rate per model "
@@ -203,7 +210,7 @@ def _parser() -> argparse.ArgumentParser:
 
 BENCHES = {"asr": "bench.asr", "load": "bench.load", "quant": "bench.llm_quant", "silent": "bench.silent",
            "edge": "bench.edge", "ray": "bench.ray_overhead", "voice": "bench.voice", "replies": "bench.replies",
-           "llm": "bench.llm"}
+           "llm": "bench.llm", "roof": "bench.roof"}
 """``voxpipe bench NAME`` → the module whose ``main(args)`` runs it."""
 
 

@@ -211,6 +211,11 @@ class SchedulerConfig:
             prompt + max_new_tokens (16384); a request that would exceed it waits.
         static: static batching for comparison — start only with a full batch (or
             after ``max_wait_ms``) and admit nobody until the batch has drained.
+        priority_age_ms: waiting requests take free slots by priority (voice turns before
+            text API requests, :data:`~pipeline.llm.types.PRIORITY_TEXT`), then by arrival;
+            one that has waited this long (2000 ms, the default voice SLO) competes as
+            priority 0, so a stream of voice turns cannot starve text requests (aging, as
+            in priority schedulers since Dijkstra's and Unix's).
     """
 
     max_batch_size: int = 8
@@ -223,6 +228,7 @@ class SchedulerConfig:
     max_prefill_attention: int = 512 * 1536
     max_kv_tokens: int = 16384
     static: bool = False
+    priority_age_ms: float = 2000.0
 
 
 @dataclass(slots=True, kw_only=True)

@@ -117,14 +117,14 @@ class HttpFront:
     def take(self, transport: asyncio.Transport, data: bytes) -> None:
         """Serve the connection ``transport`` with uvicorn from now on; ``data``: the bytes
         read so far."""
-        if self.closing or (self.max_connections and len(self.state.connections) >= self.max_connections):
-            # the sniffing websockets protocol never started: hand the refused connection to a
-            # plain protocol, so closing it does not reach websockets' connection_lost (a traceback)
-            transport.set_protocol(asyncio.Protocol())
+        # a refused connection goes to a plain protocol first: the sniffing websockets protocol
+        # never started, and closing the transport must not reach its connection_lost (a traceback)
         if self.closing:
+            transport.set_protocol(asyncio.Protocol())
             transport.abort()
             return
         if self.max_connections and len(self.state.connections) >= self.max_connections:
+            transport.set_protocol(asyncio.Protocol())
             metrics.HTTP_API_REQUESTS.labels("connection_cap", "503").inc()  # a count, not a log line per flood
             logger.debug("HTTP API: %d connections open (the cap): refused one from %s", self.max_connections,
                          transport.get_extra_info("peername"))

@@ -47,7 +47,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from websockets.datastructures import Headers
 
 from pipeline import metrics
-from pipeline.llm.types import FinishReason, GenRequest, GenStats
+from pipeline.llm.types import PRIORITY_TEXT, FinishReason, GenRequest, GenStats
 from pipeline.serving.breaker import State
 from pipeline.session.gate import TurnGate
 from pipeline.session.types import TurnHooks
@@ -279,7 +279,7 @@ class OpenAiApi:
             prompt = await asyncio.to_thread(llm.count_tokens, messages)
             max_new = self._max_new(req, prompt)
             gen = GenRequest(messages=messages, max_new_tokens=max_new, temperature=req.temperature,
-                             top_p=req.top_p, seed=req.seed or 0, stop=req.stops)
+                             top_p=req.top_p, seed=req.seed or 0, stop=req.stops, priority=PRIORITY_TEXT)
             try:
                 stream = llm.submit(gen)
             except Busy as exc:

@@ -68,6 +68,43 @@ def test_abort_running_frees_row_next_step_and_waiting_immediately():
     assert s.abort(1) is None  # idempotent
 
 
+def test_voice_turns_take_free_slots_before_text_requests_that_came_first():
+    s = Scheduler(SchedulerConfig(max_batch_size=1, max_wait_ms=0))
+    s.add(req(1, max_new=1, arrival=0.0))
+    s.update(s.schedule(now=0.0), {1: 5})  # 1 finished by length: its slot frees at the next step
+    text, voice = req(2, arrival=0.1), req(3, arrival=0.2)
+    text.priority = 1
+    s.add(text)
+    s.add(voice)
+    assert [r.rid for r in s.schedule(now=0.3).prefill] == [3]  # the later voice turn first
+    assert [r.rid for r in s.waiting] == [2]
+
+
+def test_a_text_request_that_waited_its_age_competes_as_a_voice_turn():
+    s = Scheduler(SchedulerConfig(max_batch_size=1, max_wait_ms=0, priority_age_ms=1000))
+    text, voice = req(2, arrival=0.0), req(3, arrival=0.5)
+    text.priority = 1
+    s.add(text)
+    s.add(voice)
+    assert [r.rid for r in s.schedule(now=0.9).prefill] == [3]  # younger than its age: yields
+    s2 = Scheduler(SchedulerConfig(max_batch_size=1, max_wait_ms=0, priority_age_ms=1000))
+    text2, voice2 = req(2, arrival=0.0), req(3, arrival=0.5)
+    text2.priority = 1
+    s2.add(text2)
+    s2.add(voice2)
+    assert [r.rid for r in s2.schedule(now=1.0).prefill] == [2]  # waited 1 s: first in line again
+
+
+def test_equal_priorities_keep_queue_order_with_preempted_requests_first():
+    s = Scheduler(SchedulerConfig(max_batch_size=2, max_wait_ms=0))
+    for i, t in ((1, 0.0), (2, 0.1)):
+        s.add(req(i, max_new=50, arrival=t))
+    s.update(s.schedule(now=1.0), {1: 7, 2: 8})
+    s.add(req(3, arrival=0.9))
+    assert s.preempt_all() == 2
+    assert [r.rid for r in s.schedule(now=1.1).prefill] == [1, 2]  # not 3, which came later
+
+
 def test_max_batch_size_and_chunked_prefill_budget():
     s = Scheduler(SchedulerConfig(max_batch_size=3, max_wait_ms=0, max_prefill_tokens=10))
     for i in range(5):

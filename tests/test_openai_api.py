@@ -23,6 +23,7 @@ from websockets.asyncio.client import connect
 
 from pipeline.config import AdmissionConfig, LlmConfig, ServerConfig, VoxpipeConfig
 from pipeline.engines import load_stage
+from pipeline.llm.types import PRIORITY_TEXT
 from pipeline.worker import Busy
 from server.openai_api import model_id
 from tests.fake_server import Running, fake_server
@@ -88,6 +89,7 @@ async def test_models_and_a_completion_over_fakes():
             req = llm.requests[-1]
             assert (req.max_new_tokens, req.temperature, req.top_p, req.seed, req.stop) == (5, 0.5, 0.9, 7, ["\n"])
             assert req.messages == [{"role": "user", "content": "Say hello."}]
+            assert req.priority == PRIORITY_TEXT  # voice turns take free batch slots first
             chunks = [ch async for ch in await c.chat.completions.create(
                 model="qwen", messages=HELLO, stream=True, stream_options={"include_usage": True})]
             assert chunks[0].choices[0].delta.role == "assistant"

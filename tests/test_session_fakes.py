@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from pipeline.config import LlmConfig, TurnConfig, VoxpipeConfig
+from pipeline.llm.types import PRIORITY_VOICE
 from pipeline.session import events as ev
 from pipeline.session.responder import EMPTY_REPLY
 from pipeline.session.turn_state import Phase
@@ -57,6 +58,7 @@ async def test_turn_gets_transcript_and_one_reply():
     assert of(seen, ev.ResponseDone)[0].finish_reason == "stop"
     assert any(isinstance(e, AudioOut) for e in seen)
     assert llm.requests[0].messages[-1] == {"role": "user", "content": final[0].text}
+    assert llm.requests[0].priority == PRIORITY_VOICE  # before text API requests for a batch slot
 
 
 async def test_barge_in_with_words_cancels_the_reply():

@@ -294,7 +294,8 @@ class LlmEngine:
         self._check_fits(len(ids), req.max_new_tokens)
         self._next_rid += 1
         return SchedRequest(rid=self._next_rid, prompt_ids=ids, max_new_tokens=req.max_new_tokens,
-                            eos_ids=self.eos_ids, owner=req.session, sampling=SamplingParams.of(req))
+                            eos_ids=self.eos_ids, owner=req.session, sampling=SamplingParams.of(req),
+                            priority=req.priority)
 
     def _check_fits(self, prompt: int, max_new: int) -> None:
         """Raise ValueError if a request could never run: over the KV budget, or longer

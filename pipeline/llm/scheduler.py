@@ -86,7 +86,8 @@ class Scheduler:
     def schedule(self, now: float | None = None) -> StepPlan:
         """Plan the next step (see :class:`StepPlan`).
 
-        Waiting requests take free batch slots in arrival order (within the KV budget);
+        Waiting requests take free batch slots by priority, then in arrival order (within
+        the KV budget; one that waited ``priority_age_ms`` counts as priority 0);
         then the step's prefill budget goes to the prompts with the fewest tokens left
         first (shortest remaining prefill first, ties by arrival), so a short request
         that arrives while long prompts are being prefilled is not queued behind them:
@@ -123,15 +124,22 @@ class Scheduler:
                 return
         kv = self.kv_reserved
         while self.waiting and len(self.running) + len(self.prefilling) < c.max_batch_size:
-            req = self.waiting[0]
+            req = self._next_waiting(now)
             if (self.running or self.prefilling) and kv + req.kv_tokens > c.max_kv_tokens:
                 break  # it joins when memory frees up (a lone request always runs)
-            self.waiting.popleft()
+            self.waiting.remove(req)
             req.state = State.RUNNING
             self.prefilling.append(req)
             kv += req.kv_tokens
             if self.on_admit is not None:  # before its chunk is planned: a cache hit starts it later
                 self.on_admit(req)
+
+    def _next_waiting(self, now: float) -> SchedRequest:
+        """The waiting request that joins next: lowest priority, then queue order (arrival;
+        preempted requests at the head); one that has waited ``priority_age_ms`` or more
+        competes as priority 0 (aging)."""
+        aged = now - self.cfg.priority_age_ms / 1000
+        return min(enumerate(self.waiting), key=lambda e: (0 if e[1].arrival <= aged else e[1].priority, e[0]))[1]
 
     @property
     def kv_reserved(self) -> int:

@@ -23,6 +23,10 @@ class GenRequest:
         stop: strings that end the reply (not included in it).
         session: the session asking (its cached KV is released when it ends:
             :meth:`~pipeline.llm.engine.LlmEngine.end_session`); None: anonymous.
+        priority: :data:`PRIORITY_VOICE` (0, the default: someone is waiting to hear the
+            reply) or :data:`PRIORITY_TEXT` (1: a text API client). While the batch is full,
+            waiting requests take free slots lowest priority first, then by arrival
+            (:meth:`~pipeline.llm.scheduler.Scheduler.schedule`).
     """
 
     messages: list[dict]
@@ -32,6 +36,14 @@ class GenRequest:
     seed: int = 0
     stop: list[str] = field(default_factory=list)
     session: str | None = None
+    priority: int = 0
+
+
+PRIORITY_VOICE = 0
+"""A spoken turn's reply: a listener waits for its first audio (the latency SLO)."""
+PRIORITY_TEXT = 1
+"""A text API request (``/v1/chat/completions``): it yields batch slots to voice turns
+while it is younger than ``SchedulerConfig.priority_age_ms``."""
 
 
 class FinishReason(enum.StrEnum):
@@ -103,6 +115,7 @@ class SchedRequest:
         num_computed: prompt tokens already prefilled (chunked prefill).
         prompt_len: the original prompt's length (0: ``len(prompt_ids)``; set once the
             request was preempted and its prompt extended with its output so far).
+        priority: :attr:`GenRequest.priority` (lower joins the batch first).
     """
 
     rid: int
@@ -117,6 +130,7 @@ class SchedRequest:
     finish_reason: FinishReason | None = None
     num_computed: int = 0
     prompt_len: int = 0
+    priority: int = 0
 
     @property
     def kv_tokens(self) -> int:

@@ -19,7 +19,7 @@ from pipeline import metrics
 from pipeline.config import VoxpipeConfig
 from pipeline.engines import Engines
 from pipeline.llm.stream import stock_stream
-from pipeline.llm.types import FinishReason, GenRequest
+from pipeline.llm.types import PRIORITY_VOICE, FinishReason, GenRequest
 from pipeline.serving.admission import ServiceTimes
 from pipeline.serving.governor import Governor
 from pipeline.serving.types import TurnPolicy
@@ -94,7 +94,8 @@ class Responder:
         # may raise Busy: before response.started, so a refused reply leaves no open response
         try:
             stream: TextStream = stock_stream(policy.stock_line) if policy.stock_line is not None else \
-                llm.submit(GenRequest(messages=messages, max_new_tokens=policy.max_new_tokens, session=self.session_id))
+                llm.submit(GenRequest(messages=messages, max_new_tokens=policy.max_new_tokens, session=self.session_id,
+                                      priority=PRIORITY_VOICE))
         finally:
             if self.hooks.on_submit is not None:
                 self.hooks.on_submit()

@@ -19,10 +19,12 @@
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
 
 #define GROUP 32
 #define MAX_ROWS 8
+#define PREFETCH 2048 /* bytes of packed weights ahead (8 groups); 512-4096 and L2 hints measured no better */
+
+typedef int32_t __attribute__((may_alias, aligned(1))) i32u; /* 4 activation bytes read as one int32 */
 
 /* bf16 -> fp32 of 16 values (a bf16 is the top half of an fp32) */
 static inline __m512 bf16x16(const uint16_t *p) {
@@ -73,6 +75,11 @@ static inline __attribute__((always_inline)) void tile(const uint8_t *w, const u
     for (int m = 0; m < R; m++) acc[m] = _mm512_setzero_ps();
     for (int g = 0; g < G; g++) {
         const uint8_t *wg = w + ((size_t)t * G + g) * 256;
+        if (R > 1) { /* weights and scales ~8 groups ahead: at 8 rows the pass took 6 % less (Qwen2.5-0.5B, 2
+                      * threads); a batch-1 pass is bound by the memory bandwidth and gains nothing */
+            for (int l = 0; l < 256; l += 64) _mm_prefetch((const char *)(wg + PREFETCH + l), _MM_HINT_T0);
+            _mm_prefetch((const char *)(sm + ((size_t)t * G + g) * 32 + PREFETCH / 8), _MM_HINT_T0);
+        }
         __m512i ia[MAX_ROWS];
 #pragma GCC unroll 8
         for (int m = 0; m < R; m++) ia[m] = _mm512_setzero_si512();
@@ -84,11 +91,13 @@ static inline __attribute__((always_inline)) void tile(const uint8_t *w, const u
 #pragma GCC unroll 8
             for (int m = 0; m < R; m++) {
                 const int8_t *xm = xq + ((size_t)m * G + g) * GROUP + 8 * p;
-                int32_t a, b;
-                memcpy(&a, xm, 4);
-                memcpy(&b, xm + 4, 4);
-                ia[m] = _mm512_dpbusd_epi32(ia[m], lo, _mm512_set1_epi32(a));
-                ia[m] = _mm512_dpbusd_epi32(ia[m], hi, _mm512_set1_epi32(b));
+                /* = _mm512_dpbusd_epi32(ia[m], lo, _mm512_set1_epi32(4 bytes at xm)), with the broadcast
+                 * folded into the instruction's memory operand ({1to16}): GCC 12 emits a separate
+                 * vpbroadcastd for each (2 % of an 8-row pass) */
+                __asm__("vpdpbusd %[x]%{1to16%}, %[w], %[acc]" : [acc] "+v"(ia[m]) : [w] "v"(lo),
+                        [x] "m"(*(const i32u *)xm));
+                __asm__("vpdpbusd %[x]%{1to16%}, %[w], %[acc]" : [acc] "+v"(ia[m]) : [w] "v"(hi),
+                        [x] "m"(*(const i32u *)(xm + 4)));
             }
         }
         const uint16_t *sg = sm + ((size_t)t * G + g) * 32;
