@@ -162,9 +162,12 @@ class BatchWorker(Generic[In, Out]):
 
     @property
     def urgent_depth(self) -> int:
-        """Items waiting at priority 0 (what an urgent item queues behind)."""
+        """Items waiting at priority 0 (what an urgent item queues behind); an item whose
+        caller stopped waiting (its future cancelled: the turn went on) is skipped by the
+        worker and not counted. Call on the event loop's thread (it reads the futures)."""
         with self._queue.mutex:  # the heap is read under the queue's own lock
-            return sum(1 for job in self._queue.queue if job.priority == 0 and job.future is not None)
+            return sum(1 for job in self._queue.queue
+                       if job.priority == 0 and job.future is not None and not job.future.cancelled())
 
     def submit(self, item: In, *, priority: int | None = None) -> asyncio.Future[Out]:
         """Queue ``item`` (``priority``: 0 = most urgent; None: :meth:`priority` decides);

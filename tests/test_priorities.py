@@ -212,6 +212,21 @@ def test_only_urgent_work_counts_as_what_an_urgent_item_waits_behind():
     assert asyncio.run(main()) == (3, 1)
 
 
+def test_urgent_work_whose_caller_stopped_waiting_is_not_counted():
+    # a turn that went on cancels its final decode: the worker skips it, so admission
+    # must not count it as work that the next turn waits behind
+    w = Recorder()
+
+    async def main() -> tuple[int, int, int]:
+        dropped = w.submit("urgent-a")
+        w.submit("urgent-b")
+        before = w.urgent_depth
+        dropped.cancel()
+        return before, w.urgent_depth, w.depth
+
+    assert asyncio.run(main()) == (2, 1, 2)
+
+
 def test_the_silence_already_gone_is_not_scaled_by_the_correction():
     a = Admission(AdmissionConfig(slo_ms=2000))
     for i in range(20):  # every turn's service took twice its prediction

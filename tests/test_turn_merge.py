@@ -65,3 +65,41 @@ async def test_speech_that_resumes_at_once_still_continues_the_turn():
         assert len(ids) == 2 and ids[0] == ids[1]
     finally:
         await h.close()
+
+
+class _QueuedAsr(FakeAsr):
+    """Counts its final decodes in flight as urgent queue depth, as the real ASR stage's
+    queue does while they wait for the model."""
+
+    def __init__(self, *, delay_s: float) -> None:
+        super().__init__(delay_s=delay_s)
+        self.in_flight = 0
+
+    @property  # type: ignore[override]
+    def urgent_depth(self) -> int:
+        return self.in_flight
+
+    async def run(self, item):
+        urgent = getattr(item, "final", False) or getattr(item, "urgent", False)
+        self.in_flight += urgent
+        try:
+            return await super().run(item)
+        finally:
+            self.in_flight -= urgent
+
+
+async def test_a_session_alone_is_not_refused_for_its_own_final_decode():
+    # the speculative final decode that the pause started is still queued when the turn
+    # ends: the turn's own work, so the session is still alone on the server (PROTOCOL.md:
+    # "a session alone ... is always answered"), whatever the prediction says
+    asr = _QueuedAsr(delay_s=1.0)
+    cfg = VoxpipeConfig()
+    cfg.admission.slo_ms = 100.0  # every prediction is over it: only an idle server admits
+    h = Harness(engines=fake_engines(asr=asr), cfg=cfg, admission=Admission(cfg.admission))
+    try:
+        seen = await h.play([Start(), Audio(tone(1500)), Audio(silence(900)), WaitFor(ev.ResponseDone)])
+        assert asr.in_flight == 0 and any(getattr(r, "final", False) for r in asr.requests)
+        assert not of(seen, ev.Busy), of(seen, ev.Busy)
+        assert of(seen, ev.TranscriptFinal)
+    finally:
+        await h.close()

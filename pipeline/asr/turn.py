@@ -60,6 +60,7 @@ class AsrTurn:
         self.last_decode_ms = 0.0
         self._task: asyncio.Task | None = None
         self._lock = asyncio.Lock()  # one decode in flight (see _decode)
+        self.urgent_in_flight = False  # a final, catch-up or speculative decode awaits the engine
 
     def feed(self, samples: np.ndarray) -> None:
         """Add 16 kHz float32 samples; starts an update when one is due."""
@@ -107,11 +108,14 @@ class AsrTurn:
         req = self.stream.request(final=final)
         if urgent:
             req = dataclasses.replace(req, urgent=True)
+        self.urgent_in_flight = req.final or req.urgent
         try:
             result = await self.engine.run(req)
         except BaseException:
             self.stream.cancel()
             raise
+        finally:
+            self.urgent_in_flight = False
         self.last_decode_ms = result.decode_ms
         self.decode_ms += result.decode_ms
         logger.debug("asr update: %.1f s buffer, %.0f ms, batch %d, window %.0f s, %r%s",
@@ -169,7 +173,11 @@ class AsrTurn:
             if not self.stream.fits_final():
                 raise ValueError("buffer longer than one window")
             req = self.stream.peek_request(drop_tail=drop_tail)
-            result = await self.engine.run(req)
+            self.urgent_in_flight = True
+            try:
+                result = await self.engine.run(req)
+            finally:
+                self.urgent_in_flight = False
         logger.debug("asr peek: %.1f s buffer, prefix %r, %.0f ms, %r", len(req.audio) / 16000, req.prefix,
                      result.decode_ms, result.text)
         self.last_decode_ms = result.decode_ms

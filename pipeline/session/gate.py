@@ -5,6 +5,7 @@ together does not all see an empty queue)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 
@@ -60,7 +61,7 @@ class TurnGate:
         return self.admission.times if self.admission is not None else None
 
     def check(self, *, spoken: bool, since_end_ms: float, key: object = None, count: bool = True,
-              prompt_chars: int = 0, client_ended: bool = False) -> Refusal | None:
+              prompt_chars: int = 0, client_ended: bool = False, own_asr: int = 0) -> Refusal | None:
         """Admit (None) or refuse a turn that ends now.
 
         Args:
@@ -75,6 +76,10 @@ class TurnGate:
             client_ended: the client ended this spoken turn (``input.end``: a file sent
                 fast, push-to-talk), which an over-budget client may still do (its input was
                 paced); the turns VAD ends while it is over budget are refused.
+            own_asr: urgent ASR requests of this very turn awaiting the engine (its
+                speculative final decode, a catch-up): the turn's own work, not others'
+                it would wait behind, so they are taken off the ASR queue's depth. Counted,
+                they made a session alone on the server look busy to itself.
         """
         left_s = self._over_budget_until - time.monotonic()  # see is_over_budget
         if left_s > 0 and not client_ended:
@@ -93,6 +98,8 @@ class TurnGate:
         if admission is None:
             return None
         load, now = self.engines.load(self.cfg), time.monotonic()
+        if own_asr:
+            load = dataclasses.replace(load, asr_waiting=max(0, load.asr_waiting - own_asr))
         pending = admission.pending(now)
         prompt_tokens = min(self.cfg.llm.max_context_tokens, prompt_chars // CHARS_PER_TOKEN)
         refusal = admission.decide(load, spoken=spoken, end_silence_ms=since_end_ms,

@@ -346,7 +346,8 @@ class Session:
         refusal = None
         if turn is not None and not speculated:  # a running speculation was admitted at the pause
             refusal = self.gate.check(spoken=True, since_end_ms=(time.perf_counter() - t_end) * 1000, key=turn,
-                                      prompt_chars=self._prompt_chars(turn), client_ended=end.reason == "input_end")
+                                      prompt_chars=self._prompt_chars(turn), client_ended=end.reason == "input_end",
+                                      own_asr=int(turn.urgent_in_flight))
         elif turn is not None:
             self.gate.admitted_earlier()
         if turn is not None and refusal is not None:
@@ -437,7 +438,7 @@ class Session:
             return
         since_end_ms = (time.perf_counter() - t_end) * 1000 + self.cfg.turn.end_silence_ms - self.cfg.turn.early_end_ms
         if self.gate.check(spoken=True, since_end_ms=since_end_ms, key=turn, count=False,
-                           prompt_chars=self._prompt_chars(turn)) is not None:
+                           prompt_chars=self._prompt_chars(turn), own_asr=int(turn.urgent_in_flight)) is not None:
             return  # the turn's end will be refused: spend nothing on it now
         # admitted uncounted: the speculation holds its place (pending, critical) while it runs
         spec = Speculation(turn=turn, outbox=HeldOutbox(self.out), t_end=t_end)
