@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable
 import numpy as np
 
 from pipeline.asr.stream import StreamingTranscript
-from pipeline.asr.types import Partial
+from pipeline.asr.types import DecodeRequest, DecodeResult, Partial
 from pipeline.config import AsrConfig
 from pipeline.worker import Busy
 
@@ -108,20 +108,26 @@ class AsrTurn:
         req = self.stream.request(final=final)
         if urgent:
             req = dataclasses.replace(req, urgent=True)
-        self.urgent_in_flight = req.final or req.urgent
         try:
-            result = await self.engine.run(req)
+            result = await self._run(req, urgent=req.final or req.urgent)
         except BaseException:
             self.stream.cancel()
             raise
-        finally:
-            self.urgent_in_flight = False
         self.last_decode_ms = result.decode_ms
         self.decode_ms += result.decode_ms
         logger.debug("asr update: %.1f s buffer, %.0f ms, batch %d, window %.0f s, %r%s",
                      len(req.audio) / 16000, result.decode_ms, result.batch, result.window_s, result.text,
                      f" (dropped: {result.dropped})" if result.dropped else "")
         return self.stream.apply(result)
+
+    async def _run(self, req: DecodeRequest, *, urgent: bool) -> DecodeResult:
+        """``engine.run(req)``, with :attr:`urgent_in_flight` set meanwhile if ``urgent``
+        (admission takes this turn's own urgent decode off the ASR queue's depth)."""
+        self.urgent_in_flight = urgent
+        try:
+            return await self.engine.run(req)
+        finally:
+            self.urgent_in_flight = False
 
     def end_input(self, *, drop_tail: int = 0) -> None:
         """The turn's speech is over: take no more audio and drop the last ``drop_tail``
@@ -173,11 +179,7 @@ class AsrTurn:
             if not self.stream.fits_final():
                 raise ValueError("buffer longer than one window")
             req = self.stream.peek_request(drop_tail=drop_tail)
-            self.urgent_in_flight = True
-            try:
-                result = await self.engine.run(req)
-            finally:
-                self.urgent_in_flight = False
+            result = await self._run(req, urgent=True)
         logger.debug("asr peek: %.1f s buffer, prefix %r, %.0f ms, %r", len(req.audio) / 16000, req.prefix,
                      result.decode_ms, result.text)
         self.last_decode_ms = result.decode_ms
