@@ -153,12 +153,16 @@ def test_page_shows_partials_states_one_bubble_per_turn_barge_in_and_latency(tmp
                   "&& s.users[0].unstable.trim()", "a partial with committed words and an unstable tail")
         wait(page, "window.voxpipe.events.some(e => e.type === 'response.cancelled' && e.reason === 'continued')",
              timeout_s=60, what="the speech to go on after the pause")
-        s = until(page, "s.state === 'thinking…' && s.users.every(u => u.final === 'true')",
-                  "thinking after the merged turn's end")
+        # the merged turn's reply has started (its bubble is on screen; between transcript.final
+        # and response.started the page is "thinking…" with no reply bubble yet)
+        s = until(page, "s.state === 'thinking…' && s.users.every(u => u.final === 'true') && s.replies.length >= 1",
+                  "thinking after the merged turn's end, its reply started")
         assert len(s["users"]) == 1 and s["users"][0]["final"] == "true", s
         words = s["users"][0]["text"].split()
         assert len(words) >= 8, s  # both stretches' words (a word per 256 ms of tone)
-        assert [r["text"] for r in s["replies"]] == [""], s  # only the new reply's (empty) bubble
+        # only the new reply's bubble (empty until its first words, 1.5 s after it starts): the
+        # reply to the turn's first half is gone
+        assert len(s["replies"]) == 1 and s["replies"][0]["text"] in ("", SENTENCES[0]), s
         assert s["cancelEnabled"], s
         first = page.evaluate("window.voxpipe.responses[1]")
         assert first["cancelled"] and first["reason"] == "continued" and first["spokenText"] == "", first
