@@ -29,6 +29,16 @@ class ProtocolError(ValueError):
         self.code = code
 
 
+_JSON_TYPES = {dict: "an object", list: "an array", str: "a string", int: "a number", float: "a number",
+               bool: "a boolean", type(None): "null"}
+
+
+def json_kind(value: object) -> str:
+    """What JSON value ``value`` (from :func:`json.loads`) is, in JSON's own words: "an
+    array", "null"... (an error message for a client names no Python type)."""
+    return _JSON_TYPES.get(type(value), "a value")
+
+
 def parse_client_event(text: str) -> ClientEvent:
     """Parse one text frame into a client event.
 
@@ -41,7 +51,7 @@ def parse_client_event(text: str) -> ClientEvent:
     except (ValueError, RecursionError) as exc:  # ValueError: bad JSON, or an int over Python's 4300 digits
         raise ProtocolError("bad_json", f"text frame is not JSON we accept: {str(exc)[:200]}") from None
     if not isinstance(raw, dict):
-        raise ProtocolError("bad_json", f"event must be a JSON object, got {type(raw).__name__}")
+        raise ProtocolError("bad_json", f"event must be a JSON object, got {json_kind(raw)}")
     kind = raw.get("type")
     if kind not in CLIENT_TYPES:
         shown = repr(kind) if len(repr(kind)) <= 64 else repr(kind)[:60] + "...'"

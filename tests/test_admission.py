@@ -363,6 +363,19 @@ def test_a_turn_does_not_wait_behind_its_own_speculation():
     assert a.decide(IDLE, spoken=True, end_silence_ms=500, kv_tokens=1, now=0.1, key="another") is not None
 
 
+def test_a_turn_does_not_wait_behind_its_own_sessions_earlier_turns():
+    """The same session's earlier admitted turns (``own``) are not others waiting: the new
+    turn's reply replaces theirs. Another session's turn still counts."""
+    a = policy(slo_ms=2000, prior_llm_step_ms=400)  # predicted far over the SLO: only idleness admits
+    assert a.decide(IDLE, spoken=True, end_silence_ms=500, kv_tokens=1, now=0.0, key="first") is None
+    assert a.holds("first") and a.critical(0.0) == 1
+    assert a.decide(IDLE, spoken=True, end_silence_ms=500, kv_tokens=1, now=0.1, key="second") is not None
+    assert a.decide(IDLE, spoken=True, end_silence_ms=500, kv_tokens=1, now=0.1, key="second",
+                    own=["first"]) is None
+    a.forget("first")
+    assert not a.holds("first") and a.holds("second")
+
+
 def test_replies_that_only_play_leave_the_server_idle():
     a = policy(slo_ms=2000)
     playing = Load(llm_running=8, llm_slots=8)  # every slot decodes; nobody waits for a first token

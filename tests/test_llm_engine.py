@@ -251,6 +251,26 @@ async def test_queue_bound_counts_requests_waiting_for_a_slot(llm):
         eng.stop()
 
 
+def test_aborted_requests_leave_the_queue_depth_at_once(llm):
+    """A request aborted while it waits (in the inbox, or for a batch slot) is nobody's
+    wait: admission must not see it as queued work until the engine's next step drops it.
+    The steps run by hand here (no engine thread), so nothing moves between the reads."""
+    eng = LlmEngine(llm, LlmConfig(), SchedulerConfig(max_batch_size=1, max_wait_ms=0))
+    streams = [eng.submit(ask(f"Count to {i + 3}.", n=30)) for i in range(3)]
+    assert eng.depth == 3
+    streams[2].abort()
+    assert eng.depth == 2  # still in the inbox
+    eng.step()  # one joins the batch, one waits for its slot; the aborted one is dropped
+    assert eng.active == 1 and len(eng.scheduler.waiting) == 1 and eng.depth == 1
+    streams[1].abort()
+    assert len(eng.scheduler.waiting) == 1 and eng.depth == 0  # there until the next step
+    eng.step()
+    assert not eng.scheduler.waiting and eng.depth == 0
+    streams[0].abort()
+    eng.step()
+    assert eng.active == 0
+
+
 async def test_engine_returns_free_memory_when_it_goes_idle(llm, monkeypatch):
     import pipeline.llm.engine as llm_module
 

@@ -36,3 +36,19 @@ def test_a_number_over_pythons_digit_limit_is_bad_json_not_a_crash():
     with pytest.raises(ProtocolError) as err:
         parse_client_event('{"type": "response.cancel", "x": ' + "1" * 5000 + "}")
     assert err.value.code == "bad_json"
+
+
+@pytest.mark.parametrize("frame, kind", [("null", "null"), ("[1, 2]", "an array"), ("3.5", "a number"),
+                                         ('"hi"', "a string"), ("true", "a boolean")])
+def test_a_frame_that_is_not_an_object_is_named_in_json_terms(frame, kind):
+    """The client wrote JSON: the error names what it sent as JSON does (no Python type
+    such as NoneType), in both protocols."""
+    from server.realtime.types import RealtimeError
+    from server.realtime.wire import parse_event
+
+    with pytest.raises(ProtocolError) as exc:
+        parse_client_event(frame)
+    assert exc.value.code == "bad_json" and str(exc.value).endswith(f"got {kind}"), exc.value
+    with pytest.raises(RealtimeError) as rt:
+        parse_event(frame)
+    assert str(rt.value).endswith(f"got {kind}"), rt.value

@@ -4,11 +4,13 @@ Orchestration only: the session over scripted fakes (tests/fakes.py)."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from pipeline.config import TurnConfig, VoxpipeConfig
 from pipeline.serving.admission import Admission
 from pipeline.session import events as ev
 from tests.fakes import FakeAsr, FakeLlm, LlmReply, fake_engines, silence, tone
-from tests.session_harness import Audio, Harness, Sleep, Start, WaitFor
+from tests.session_harness import Audio, Harness, Sleep, Start, WaitFor, WaitUntil
 
 
 def of(seen, kind):
@@ -101,5 +103,87 @@ async def test_a_session_alone_is_not_refused_for_its_own_final_decode():
         assert asr.in_flight == 0 and any(getattr(r, "final", False) for r in asr.requests)
         assert not of(seen, ev.Busy), of(seen, ev.Busy)
         assert of(seen, ev.TranscriptFinal)
+    finally:
+        await h.close()
+
+
+class _WaitingLlm(FakeLlm):
+    """Counts its requests that have no token yet and were not aborted as queue depth, as
+    the engine does (``LlmEngine.depth``) while a request waits for a batch slot."""
+
+    @property  # type: ignore[override]
+    def depth(self) -> int:
+        return sum(not s.aborted and s.stats.output_tokens == 0 for s in self.streams)
+
+
+def _alone(asr: FakeAsr | None = None) -> tuple[_WaitingLlm, Harness]:
+    """A session alone on a server whose SLO every prediction exceeds (only an idle server
+    admits), over an LLM whose replies wait 30 s for their first token."""
+    llm = _WaitingLlm(default=LlmReply.of("Sure.", delay_s=30.0))
+    cfg = VoxpipeConfig()
+    cfg.admission.slo_ms = 100.0
+    return llm, Harness(engines=fake_engines(asr=asr, llm=llm), cfg=cfg, admission=Admission(cfg.admission))
+
+
+def _one_frame(*parts) -> Audio:
+    """``parts`` sent as one frame (audio faster than real time: its turn events come at once)."""
+    samples = np.concatenate(parts)
+    return Audio(samples, frame_ms=len(samples) / 16)
+
+
+async def test_a_dropped_speculation_does_not_make_its_own_turn_look_queued():
+    # a pause starts a speculative reply (its LLM request waits for a slot); the speech goes
+    # on and ends within one frame (audio sent faster than real time): the dropped
+    # speculation's request is this turn's own, so the session is still alone on the server
+    llm, h = _alone()
+    try:
+        await h.play([Start(), Audio(tone(1500)), Audio(silence(300)),
+                      WaitUntil(lambda: len(llm.requests) == 1, "the speculative reply's LLM request")])
+        assert llm.depth == 1  # it waits for a slot
+        seen = await h.play([_one_frame(tone(1000), silence(900)), WaitFor(ev.SpeechStopped)])
+        assert llm.aborted[:1] == [0]
+        assert not of(seen, ev.Busy), of(seen, ev.Busy)
+        seen = await h.play([WaitUntil(lambda: len(llm.requests) == 2, "the merged turn's LLM request")])
+        assert not of(seen, ev.Busy), of(seen, ev.Busy)
+    finally:
+        await h.close()
+
+
+async def test_a_new_turn_is_not_refused_for_its_own_sessions_earlier_reply():
+    # the first turn's reply still waits for a batch slot when the user asks again, well after
+    # the merge window (a new turn) and sent in one frame, so no partial barges in first: the
+    # earlier reply is the session's own work, which the new turn's reply replaces
+    llm, h = _alone()
+    try:
+        seen = await h.play([Start(), Audio(tone(1500)), Audio(silence(900)),
+                             WaitUntil(lambda: len(llm.requests) == 1, "the first turn's LLM request")])
+        assert llm.depth == 1 and not of(seen, ev.Busy)
+        first = of(seen, ev.SpeechStarted)[0].turn_id
+        seen = await h.play([Sleep(3.5), _one_frame(tone(1000), silence(900)),
+                             WaitUntil(lambda: len(llm.requests) == 2, "the second turn's LLM request")])
+        assert not of(seen, ev.Busy), of(seen, ev.Busy)
+        assert [e.turn_id for e in of(seen, ev.SpeechStarted)] == [first, first + 1]  # a new turn
+        assert llm.aborted == [0]  # the new turn's reply replaced the first
+    finally:
+        await h.close()
+
+
+async def test_speech_that_resumes_before_the_turns_task_ran_leaves_no_orphan_reply():
+    # a pause starts a speculation (its final decode is slow); the turn ends and the speech
+    # resumes within one frame, so the turn's confirmation task is cancelled before it ran.
+    # The speculation must go with it: else its decode, once back, starts a reply nobody
+    # will hear, which holds an LLM request (and made the merged turn look queued: busy)
+    asr = _QueuedAsr(delay_s=0.5)
+    llm, h = _alone(asr)
+    try:
+        await h.play([Start(), Audio(tone(1500)), Audio(silence(300)),
+                      WaitUntil(lambda: asr.in_flight == 1, "the speculative final decode")])
+        seen = await h.play([_one_frame(silence(300), tone(1000)),
+                             WaitUntil(lambda: asr.in_flight == 0, "the speculative decode to come back"),
+                             Audio(silence(900)), WaitFor(ev.ResponseStarted)])
+        assert [c.reason for c in of(seen, ev.ResponseCancelled)] == []  # nothing of the pause was sent
+        assert not of(seen, ev.Busy), of(seen, ev.Busy)
+        live = [i for i in range(len(llm.requests)) if i not in llm.aborted]
+        assert len(live) == 1, (len(llm.requests), llm.aborted)  # the merged turn's reply only
     finally:
         await h.close()

@@ -103,8 +103,16 @@ class LlmEngine:
 
     @property
     def depth(self) -> int:
-        """Requests waiting to join the batch."""
-        return self._inbox.qsize() + len(self.scheduler.waiting)
+        """Requests waiting to join the batch, not counting those already aborted: the
+        engine drops them at its next step, and until then they are nobody's wait (a reply
+        cancelled because its user went on speaking must not make that user's next turn
+        look queued). Read from any thread: the GIL makes each ``list`` copy atomic."""
+        with self._inbox.mutex:
+            queued = [stream for _, stream in self._inbox.queue]
+        live = self._live
+        waiting = [live.get(r.rid) for r in list(self.scheduler.waiting)]
+        queued += [lv.stream for lv in waiting if lv is not None]
+        return sum(not stream.aborted.is_set() for stream in queued) + waiting.count(None)
 
     @property
     def urgent_depth(self) -> int:

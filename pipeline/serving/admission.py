@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -306,8 +307,13 @@ class Admission:
         """One event-loop lag sample (ms), from :class:`~pipeline.serving.loop_lag.LoopLag`."""
         self.loop_lag.add(lag_ms)
 
+    def holds(self, key: object) -> bool:
+        """``key``'s admitted turn still counts as pending or critical."""
+        return key in self._pending or key in self._critical
+
     def decide(self, load: Load, *, spoken: bool, end_silence_ms: float, kv_tokens: int, now: float,
-               key: object = None, count: bool = True, prompt_tokens: int = 0) -> Refusal | None:
+               key: object = None, count: bool = True, prompt_tokens: int = 0,
+               own: Collection[object] = ()) -> Refusal | None:
         """Admit (None) or refuse (a :class:`Refusal`) a turn; counts both unless ``count``
         is False (a look-ahead, e.g. whether to start a speculation). An admitted turn with
         a ``key`` counts as pending (queued for the LLM) until :meth:`release` or
@@ -323,10 +329,14 @@ class Admission:
                 prompt budget + max new tokens: known without tokenizing anything).
             now: a monotonic clock (s), for pending turns' expiry.
             prompt_tokens: the turn's prompt past the cached system prompt (an estimate).
+            own: keys of the same session's other admitted turns: its reply replaces
+                theirs, so they are not counted as others waiting.
         """
-        # a turn never waits behind itself (its own speculation may hold a place under its key)
-        pending = self.pending(now) - (key is not None and key in self._pending)
-        critical = self.critical(now) - (key is not None and key in self._critical)
+        # a turn never waits behind itself (its own speculation may hold a place under its
+        # key) nor behind its session's earlier turns
+        mine = {k for k in (key, *own) if k is not None}
+        pending = self.pending(now) - sum(k in self._pending for k in mine)
+        critical = self.critical(now) - sum(k in self._critical for k in mine)
         refusal = self._refusal(load, spoken, end_silence_ms, kv_tokens, pending, critical, prompt_tokens)
         if count:
             self.admitted += refusal is None

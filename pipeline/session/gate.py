@@ -42,6 +42,7 @@ class TurnGate:
         self.admission, self.engines, self.cfg, self.id = admission, engines, cfg, session_id
         self.governor = governor
         self._over_budget_until = 0.0  # time.monotonic(): the client sends faster than its budget
+        self._own: set[object] = set()  # keys of this session's turns admitted and still counted
 
     def over_budget(self, for_s: float) -> None:
         """The client is sending faster than its input budget (server/budget.py): its turns
@@ -61,7 +62,8 @@ class TurnGate:
         return self.admission.times if self.admission is not None else None
 
     def check(self, *, spoken: bool, since_end_ms: float, key: object = None, count: bool = True,
-              prompt_chars: int = 0, client_ended: bool = False, own_asr: int = 0) -> Refusal | None:
+              prompt_chars: int = 0, client_ended: bool = False, own_asr: int = 0,
+              own_llm: int = 0) -> Refusal | None:
         """Admit (None) or refuse a turn that ends now.
 
         Args:
@@ -80,6 +82,10 @@ class TurnGate:
                 speculative final decode, a catch-up): the turn's own work, not others'
                 it would wait behind, so they are taken off the ASR queue's depth. Counted,
                 they made a session alone on the server look busy to itself.
+            own_llm: this session's LLM requests waiting in the LLM's queue (an earlier
+                turn's reply or a speculation's, :meth:`Replies.queued`): the turn's reply
+                replaces them, so they are taken off the LLM queue's depth; likewise this
+                session's earlier admitted turns are not counted as others waiting.
         """
         left_s = self._over_budget_until - time.monotonic()  # see is_over_budget
         if left_s > 0 and not client_ended:
@@ -98,13 +104,17 @@ class TurnGate:
         if admission is None:
             return None
         load, now = self.engines.load(self.cfg), time.monotonic()
-        if own_asr:
-            load = dataclasses.replace(load, asr_waiting=max(0, load.asr_waiting - own_asr))
+        if own_asr or own_llm:
+            load = dataclasses.replace(load, asr_waiting=max(0, load.asr_waiting - own_asr),
+                                       llm_waiting=max(0, load.llm_waiting - own_llm))
+        self._own = {k for k in self._own if admission.holds(k)}
         pending = admission.pending(now)
         prompt_tokens = min(self.cfg.llm.max_context_tokens, prompt_chars // CHARS_PER_TOKEN)
         refusal = admission.decide(load, spoken=spoken, end_silence_ms=since_end_ms,
                                    kv_tokens=self.cfg.llm.max_context_tokens, now=now, key=key, count=count,
-                                   prompt_tokens=prompt_tokens)
+                                   prompt_tokens=prompt_tokens, own=self._own)
+        if refusal is None and key is not None:
+            self._own.add(key)
         if count:
             predicted = admission.corrected_ms(load, spoken=spoken, end_silence_ms=since_end_ms, pending=pending,
                                                prompt_tokens=prompt_tokens)
@@ -113,6 +123,8 @@ class TurnGate:
                 metrics.ADMISSIONS.labels("admitted", "").inc()
             else:
                 logger.info("session %s: turn refused (%s): %s", self.id, refusal.reason, refusal.message)
+                logger.debug("session %s: refused at %s, pending %d, critical %d", self.id, load, pending,
+                             admission.critical(now))
         return refusal
 
     def admitted_earlier(self) -> None:

@@ -70,6 +70,13 @@ class Reply:
         """Its task was started and has not ended."""
         return self.task is not None and not self.task.done()
 
+    def cancel(self) -> None:
+        """Cancel its task, and abort its LLM request now rather than when the task next
+        runs (:meth:`Responder.abort_request`). Idempotent."""
+        self.responder.abort_request()
+        if self.task is not None:
+            self.task.cancel()
+
 
 class Replies:
     """The replies of one session.
@@ -141,6 +148,13 @@ class Replies:
         self.current = reply
         self.turn_state.reply_started()
 
+    def queued(self, *others: Reply | None) -> int:
+        """How many of the current reply and ``others`` (a speculation's) have their LLM
+        request waiting in the LLM's queue (:attr:`Responder.queued`): this session's own
+        work, which a new turn's reply replaces."""
+        replies = {id(r): r for r in (self.current, *others) if r is not None}
+        return sum(r.responder.queued for r in replies.values())
+
     def settle(self, reply: Reply) -> None:
         """``reply`` ended: it is no longer current."""
         if self.current is reply:
@@ -156,7 +170,7 @@ class Replies:
         if reply is None or reply.task is None or reply.task.done():
             return
         task = reply.task
-        task.cancel()
+        reply.cancel()
         # Wait for the reply to wind down, but never let a stuck reply stall the session.
         done, _ = await asyncio.wait({task}, timeout=CANCEL_WAIT_S)
         if not done:
@@ -172,8 +186,8 @@ class Replies:
     def stop(self) -> None:
         """Session teardown: cancel the current reply's task, sending nothing."""
         reply, self.current = self.current, None
-        if reply is not None and reply.task is not None:
-            reply.task.cancel()
+        if reply is not None:
+            reply.cancel()
 
     async def _run(self, reply: Reply, user_text: str, t_end: float, asr_ms: float) -> None:
         try:

@@ -82,6 +82,26 @@ class Responder:
         self._t_first_token: float | None = None
         self._t_first_phrase: float | None = None
         self._t_release = 0.0  # when a speculative reply was confirmed (perf_counter s)
+        self._stream: TextStream | None = None  # the LLM request, once submitted
+        self._aborted = False  # ... and aborted
+
+    def abort_request(self) -> None:
+        """Abort the LLM request now, if it was submitted (idempotent), rather than when the
+        cancelled task next runs: until the engine drops it, it counts as queued work for
+        admission, which a turn that goes on at once (audio sent faster than real time)
+        would see as another user's."""
+        if self._stream is not None:
+            self._aborted = True
+            self._stream.abort()
+
+    @property
+    def queued(self) -> bool:
+        """Its LLM request may still wait in the LLM's queue: submitted, not aborted, and
+        neither a token nor an end yet (a request prefilling, or sent to a remote server,
+        looks the same: an over-count by one, which the gate clamps)."""
+        st = self._stream.stats if self._stream is not None else None
+        return (st is not None and not self._aborted and st.finish_reason is None
+                and st.ttft_ms == 0 and st.output_tokens == 0)
 
     async def run(self, user_text: str, *, t_end: float, asr_ms: float) -> None:
         """Generate, speak, and record the exchange; on cancel, record what was spoken."""
@@ -99,6 +119,7 @@ class Responder:
         finally:
             if self.hooks.on_submit is not None:
                 self.hooks.on_submit()
+        self._stream = stream
         self.started = True
         await self.out.send(ev.ResponseStarted(response_id=self.rid, user_text=user_text))
         speaker = asyncio.create_task(self._speak(t0, t_end))
@@ -107,7 +128,7 @@ class Responder:
             await speaker
             await self._released()
         except BaseException:
-            stream.abort()
+            self.abort_request()
             speaker.cancel()
             await asyncio.gather(speaker, return_exceptions=True)
             if self.release is None or self.release.is_set():  # a discarded speculation leaves no trace

@@ -183,7 +183,8 @@ class Session:
             return
         turn_id = self._new_turn_id()
         key = object()
-        refusal = self.gate.check(spoken=False, since_end_ms=0.0, key=key, prompt_chars=self.history.chars + len(text))
+        refusal = self.gate.check(spoken=False, since_end_ms=0.0, key=key, prompt_chars=self.history.chars + len(text),
+                                  own_llm=self._queued_replies())
         if refusal is not None:
             await send_busy(self.out, refusal.as_busy(), turn_id=turn_id)
             return
@@ -299,8 +300,10 @@ class Session:
                 if self._turn_task is not None:
                     self._turn_task.cancel()
                 spec, self._confirming = self._confirming, None
-                if spec is not None and spec.resp is not self.replies.current:
-                    spec.drop()  # its confirmation may be cancelled before it ran: nothing else stops it
+                if spec is not None and (spec.resp is None or spec.resp is not self.replies.current):
+                    # its confirmation may be cancelled before it ran: nothing else stops it
+                    # (nor its decode, whose reply would otherwise start unseen, an orphan)
+                    spec.drop()
                 await self.replies.cancel("continued")
             turn.reopen()
         else:
@@ -347,7 +350,7 @@ class Session:
         if turn is not None and not speculated:  # a running speculation was admitted at the pause
             refusal = self.gate.check(spoken=True, since_end_ms=(time.perf_counter() - t_end) * 1000, key=turn,
                                       prompt_chars=self._prompt_chars(turn), client_ended=end.reason == "input_end",
-                                      own_asr=int(turn.urgent_in_flight))
+                                      own_asr=int(turn.urgent_in_flight), own_llm=self._queued_replies())
         elif turn is not None:
             self.gate.admitted_earlier()
         if turn is not None and refusal is not None:
@@ -367,6 +370,12 @@ class Session:
             self._turn_task = self._spawn(self._answer_turn(lambda: self._transcribe_and_reply(turn, t_end), turn))
 
     # ---- admission (see pipeline/session/gate.py) ------------------------------------
+
+    def _queued_replies(self) -> int:
+        """This session's replies (the current one, a speculation's) whose LLM request
+        still waits in the LLM's queue: a new turn's reply replaces them."""
+        spec, confirming = self._spec, self._confirming
+        return self.replies.queued(spec.resp if spec else None, confirming.resp if confirming else None)
 
     def _prompt_chars(self, turn: AsrTurn) -> int:
         """The prompt's size past the system prompt, in characters, before any final
@@ -438,7 +447,8 @@ class Session:
             return
         since_end_ms = (time.perf_counter() - t_end) * 1000 + self.cfg.turn.end_silence_ms - self.cfg.turn.early_end_ms
         if self.gate.check(spoken=True, since_end_ms=since_end_ms, key=turn, count=False,
-                           prompt_chars=self._prompt_chars(turn), own_asr=int(turn.urgent_in_flight)) is not None:
+                           prompt_chars=self._prompt_chars(turn), own_asr=int(turn.urgent_in_flight),
+                           own_llm=self._queued_replies()) is not None:
             return  # the turn's end will be refused: spend nothing on it now
         # admitted uncounted: the speculation holds its place (pending, critical) while it runs
         spec = Speculation(turn=turn, outbox=HeldOutbox(self.out), t_end=t_end)
@@ -494,5 +504,5 @@ class Session:
             if not spec.resp.running:  # it ended (failed) before it became current
                 self.replies.settle(spec.resp)
         finally:
-            if not promoted and spec.resp is not None and spec.resp.task is not None:
-                spec.resp.task.cancel()
+            if not promoted and spec.resp is not None:
+                spec.resp.cancel()

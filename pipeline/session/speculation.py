@@ -77,5 +77,5 @@ class Speculation:
         """Discard it: cancel the decode and the reply (nothing was sent)."""
         if self.task is not None:
             self.task.cancel()
-        if self.resp is not None and self.resp.task is not None:
-            self.resp.task.cancel()
+        if self.resp is not None:
+            self.resp.cancel()

@@ -17,6 +17,7 @@ from pydantic import TypeAdapter, ValidationError
 from pipeline.config import VoxpipeConfig
 from pipeline.session.events import SessionStart
 from pipeline.session.session import Session
+from server.protocol import json_kind
 
 from .config import dialect_of, read_update, session_object
 from .outbox import RealtimeOutbox, new_id, user_item
@@ -64,7 +65,7 @@ def parse_event(text: str):
     except (ValueError, RecursionError) as exc:
         raise RealtimeError("invalid_json", f"the frame is not valid JSON: {str(exc)[:200]}") from None
     if not isinstance(raw, dict):
-        raise RealtimeError("invalid_json", f"an event must be a JSON object, got {type(raw).__name__}")
+        raise RealtimeError("invalid_json", f"an event must be a JSON object, got {json_kind(raw)}")
     if "\\u" in text:  # only an escape can make a lone surrogate ("\ud800"): JSON, but not text
         try:
             json.dumps(raw, ensure_ascii=False).encode()
