@@ -1,8 +1,10 @@
-"""Types of the session room: the outbox every sender uses, and the turn events of the
-turn tracker (16 kHz sample indices in the session's input stream)."""
+"""Types of the session room: the outbox every sender uses, the turn events of the turn
+tracker (16 kHz sample indices in the session's input stream), and the stages and events of
+the turn runner's state machine (:mod:`pipeline.session.turn_machine`)."""
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, Protocol
@@ -85,3 +87,47 @@ class SpeechEnd:
 
 TurnEvent = SpeechStart | SpeechPause | SpeechResume | SpeechEnd
 """What the endpointer (and the turn tracker) reports."""
+
+
+class TurnStage(enum.Enum):
+    """Where the latest speech turn stands between its speech and its reply (the state of
+    :class:`~pipeline.session.turn_machine.TurnMachine`)."""
+
+    IDLE = "idle"
+    """No speech turn yet (or the session restarted)."""
+    HEARING = "hearing"
+    """Its speech is in progress, streamed to the ASR."""
+    SPECULATING = "speculating"
+    """Its speech paused: a speculative final decode and a held reply run."""
+    REFUSED = "refused"
+    """It ended and admission refused it (``busy``); speech that resumes within the merge
+    window continues it, and it is decided again at its new end."""
+    TRANSCRIBING = "transcribing"
+    """It ended: its task decodes the final transcript, then starts the reply."""
+    CONFIRMING = "confirming"
+    """It ended where the speculation decoded it: its task makes that final and lets the
+    held reply out (or falls back to a final decode)."""
+    DONE = "done"
+    """Its task ended: a reply started (the session's replies own it from here), or the
+    turn had no words, or its transcription failed."""
+
+
+class StageEvent(enum.Enum):
+    """What moves a :class:`TurnStage` (see the table in :mod:`pipeline.session.turn_machine`)."""
+
+    SPEECH = "speech"
+    """Speech began that starts a new turn."""
+    CONTINUE = "continue"
+    """Speech began that continues the latest turn (the merge window)."""
+    SPECULATE = "speculate"
+    """The speech paused and a speculation started."""
+    DROP = "drop"
+    """The speculation was dropped (the speech resumed, a typed turn, a refusal, a restart)."""
+    REFUSE = "refuse"
+    """The speech ended and the turn was refused."""
+    SUBMIT = "submit"
+    """The speech ended and the turn was admitted: its task starts."""
+    TASK_DONE = "task_done"
+    """The task of the latest turn that ended finished (however)."""
+    RESET = "reset"
+    """``session.start`` again: the latest turn is forgotten."""
