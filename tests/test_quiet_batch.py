@@ -72,7 +72,7 @@ async def test_a_silent_session_feeds_the_vad_in_batches_and_speech_frame_by_fra
     await h.play([Audio(tone(600)), WaitFor(ev.SpeechStarted), Audio(tone(400))])
     assert vad.calls[-10:] == [frame] * 10, vad.calls  # speech pending or on: every frame at once
     await h.play([Audio(silence(300)), InputEnd(), WaitFor(ev.SpeechStopped)])
-    assert h.session._tracker.pos == int(3.3 * RATE)  # every sample reached the tracker, none twice
+    assert h.session.input_pos == int(3.3 * RATE)  # every sample reached the tracker, none twice
     await h.close()
 
 
@@ -81,7 +81,7 @@ async def test_input_end_flushes_held_audio_into_the_turn():
     h = Harness()
     seen = await h.play([Start(), Audio(np.concatenate([silence(1000), tone(60)])), InputEnd(),
                          WaitFor(ev.TurnEmpty)])
-    assert h.session._tracker.pos == int(1.06 * RATE)
+    assert h.session.input_pos == int(1.06 * RATE)
     await h.close()
     assert any(isinstance(e, ev.TurnEmpty) for e in seen)
 

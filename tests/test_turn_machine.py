@@ -1,4 +1,5 @@
-"""The turn runner's state machine: scripted transitions (pure) and invalid ones."""
+"""The turn runner's state machine: scripted transitions (pure), invalid ones, and the
+stages a real session's runner walks through over scripted fakes (tests/fakes.py)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,13 @@ import itertools
 
 import pytest
 
+from pipeline.config import TurnConfig, VoxpipeConfig
+from pipeline.serving.admission import Admission
+from pipeline.session import events as ev
 from pipeline.session.turn_machine import TRANSITIONS, InvalidTransition, TurnMachine
 from pipeline.session.types import StageEvent, TurnStage
+from tests.fakes import FakeLlm, LlmReply, fake_engines, silence, tone
+from tests.session_harness import Audio, Harness, Start, WaitFor, WaitUntil
 
 S, E = TurnStage, StageEvent
 
@@ -107,3 +113,67 @@ def test_every_stage_is_reachable_from_idle():
                 reached.add(dst)
                 frontier.append(dst)
     assert reached == set(S)
+
+
+# ---- a real session's runner over fakes ---------------------------------------------------
+
+
+def record(h: Harness) -> list[tuple[StageEvent, TurnStage]]:
+    """Every transition of ``h``'s runner from now on, in order."""
+    machine, trace = h.session.runner.machine, []
+    fire = machine.fire
+
+    def recording(event: StageEvent) -> TurnStage:
+        stage = fire(event)
+        trace.append((event, stage))
+        return stage
+    machine.fire = recording  # type: ignore[method-assign]
+    return trace
+
+
+def of(seen, kind) -> list:
+    return [e for e in seen if isinstance(e, kind)]
+
+
+async def test_a_paused_turn_speculates_and_its_end_confirms_it():
+    h = Harness()
+    trace = record(h)
+    try:
+        await h.play([Start(), Audio(tone(1200)), Audio(silence(800)), WaitFor(ev.ResponseDone),
+                      WaitUntil(lambda: h.session.runner.machine.stage is S.DONE, "the turn's task to end")])
+        assert trace == [(E.RESET, S.IDLE), (E.SPEECH, S.HEARING), (E.SPECULATE, S.SPECULATING),
+                         (E.SUBMIT, S.CONFIRMING), (E.TASK_DONE, S.DONE)]
+    finally:
+        await h.close()
+
+
+async def test_speech_after_the_pause_drops_the_speculation():
+    h = Harness()
+    trace = record(h)
+    try:
+        await h.play([Start(), Audio(tone(1200)), Audio(silence(350)), Audio(tone(800)), Audio(silence(800)),
+                      WaitFor(ev.ResponseDone)])
+        assert [stage for _, stage in trace[:5]] == [S.IDLE, S.HEARING, S.SPECULATING, S.HEARING, S.SPECULATING]
+        assert trace[5] == (E.SUBMIT, S.CONFIRMING)
+        assert len(of(h.out.seen, ev.SpeechStarted)) == 1  # one speech turn: the pause did not end it
+    finally:
+        await h.close()
+
+
+async def test_a_refused_turn_waits_refused_and_speech_continues_it():
+    llm = FakeLlm(default=LlmReply.of("Sure."))
+    llm.active, llm.slots, llm.depth = 8, 8, 16  # full batch, a queue behind it: refuse
+    cfg = VoxpipeConfig()
+    cfg.turn = TurnConfig(early_end_ms=0, merge_window_ms=2000)
+    h = Harness(engines=fake_engines(llm=llm), cfg=cfg, admission=Admission(cfg.admission))
+    trace = record(h)
+    try:
+        await h.play([Start(), Audio(tone(1500)), Audio(silence(700)), WaitFor(ev.Busy)])
+        assert h.session.runner.machine.stage is S.REFUSED
+        llm.active = llm.depth = 0  # the load passes while the user goes on speaking
+        await h.play([Audio(tone(1000)), Audio(silence(700)), WaitFor(ev.ResponseDone),
+                      WaitUntil(lambda: h.session.runner.machine.stage is S.DONE, "the turn's task to end")])
+        assert trace == [(E.RESET, S.IDLE), (E.SPEECH, S.HEARING), (E.REFUSE, S.REFUSED), (E.CONTINUE, S.HEARING),
+                         (E.SUBMIT, S.TRANSCRIBING), (E.TASK_DONE, S.DONE)]
+    finally:
+        await h.close()

@@ -7,9 +7,10 @@ ends without them (a cough, a clap: :meth:`TurnState.speech_stopped` returns to 
 reply's state).
 
 The session reads it to decide: :attr:`TurnState.interrupting` (may partial transcripts
-cancel the reply: barge-in), :attr:`TurnState.busy` (is a turn being answered: ``input.end``
-without speech then reports nothing) and :attr:`TurnState.may_speculate` (may a pause in
-the speech start a speculative reply).
+cancel the reply: barge-in) and :attr:`TurnState.busy` (is a turn being answered:
+``input.end`` without speech then reports nothing, and a pause in the speech starts no
+speculative reply). Where the latest speech turn stands on its way to a reply is the turn
+runner's own machine (:mod:`pipeline.session.turn_machine`).
 """
 
 from __future__ import annotations
@@ -48,12 +49,6 @@ class TurnState:
     def busy(self) -> bool:
         """A turn is being transcribed or answered."""
         return self.awaiting_transcript or self.replying
-
-    @property
-    def may_speculate(self) -> bool:
-        """The user is speaking and nothing else is in progress: a pause may start a
-        speculative final transcript and reply."""
-        return self.phase is Phase.USER_SPEAKING and not self.busy
 
     def speech_started(self) -> Phase:
         """Confirmed speech began (over a reply: a barge-in candidate)."""

@@ -1,0 +1,233 @@
+"""Run a speech turn from its speech to its reply: the session's turn logic between the
+turn tracker's events and :class:`~pipeline.session.replies.Replies`.
+
+At a pause it speculates (:mod:`pipeline.session.speculation`): the final transcript and
+the reply start, held back; speech that resumes drops that. At the end of the speech it
+asks admission (:class:`~pipeline.session.gate.TurnGate`) and refuses the turn (``busy``)
+or submits it: a task confirms the speculation or decodes the final transcript, then
+starts the reply. Speech that resumes within the merge window continues the turn
+(:class:`~pipeline.session.turn_ids.TurnIds`): its task and reply are cancelled, its words
+stay. Where the turn stands is a :class:`~pipeline.session.turn_machine.TurnMachine`; the
+session's :class:`~pipeline.session.turn_state.TurnState` is told what happened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+import numpy as np
+
+from pipeline import metrics
+from pipeline.asr.turn import AsrTurn
+from pipeline.config import TurnConfig
+from pipeline.session import events as ev
+from pipeline.session.gate import CHARS_PER_SPEECH_S, TurnGate
+from pipeline.session.history import ChatHistory
+from pipeline.session.replies import Replies, send_busy
+from pipeline.session.speculation import HeldOutbox, Speculation
+from pipeline.session.turn_ids import TurnIds
+from pipeline.session.turn_machine import TurnMachine
+from pipeline.session.turn_state import TurnState
+from pipeline.session.turn_tracker import RATE
+from pipeline.session.turn_work import TurnWork
+from pipeline.session.types import Outbox, SpeechEnd, StageEvent
+
+logger = logging.getLogger(__name__)
+
+
+class TurnRunner:
+    """The speech turns of one session.
+
+    Args:
+        cfg: turn settings (``end_silence_ms``, ``early_end_ms``).
+        out: the client's outbox.
+        history: the chat history (its size goes into admission's prompt estimate).
+        gate: admission for this session's turns.
+        replies: the session's replies.
+        turn_state: whose turn it is; told when speech starts and stops and when a
+            transcript is done.
+        ids: turn ids and the merge window.
+        new_asr: a new streaming ASR turn (the session's language and callbacks).
+        spawn: starts a task the session owns (cancelled when it closes).
+        error: ``error(code, message)`` reports to the client.
+        session_id: for logs.
+
+    Attributes:
+        machine: where the latest speech turn stands.
+        asr: the streaming ASR of the speech in progress (None between speech).
+        last: ... of the latest speech turn (speech may continue it).
+    """
+
+    def __init__(self, *, cfg: TurnConfig, out: Outbox, history: ChatHistory, gate: TurnGate, replies: Replies,
+                 turn_state: TurnState, ids: TurnIds, new_asr: Callable[[], AsrTurn],
+                 spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task],
+                 error: Callable[[ev.ErrorCode, str], Awaitable[None]], session_id: str) -> None:
+        self.cfg, self.out, self.history, self.gate, self.replies = cfg, out, history, gate, replies
+        self.turn_state, self.ids, self._new_asr, self._spawn = turn_state, ids, new_asr, spawn
+        self.work = TurnWork(out=out, replies=replies, gate=gate, ids=ids, turn_state=turn_state, error=error,
+                             session_id=session_id)
+        self.machine = TurnMachine()
+        self.asr: AsrTurn | None = None
+        self.last: AsrTurn | None = None
+        self._task: asyncio.Task | None = None  # the latest ended turn's: final ASR (or confirmation), then reply
+        self._spec: Speculation | None = None  # while SPECULATING: the speculation of the speech in progress
+        self._confirming: Speculation | None = None  # ... handed to the latest submitted turn's task
+
+    # ---- speech ------------------------------------------------------------------------
+
+    async def speech_started(self, start: int, preroll: np.ndarray) -> None:
+        """Speech started at sample ``start`` (``preroll``: its audio so far, float32 16 kHz,
+        from ``pad_ms`` before it): stream it to the ASR. Speech that resumes soon after the
+        latest turn ended continues that turn (its reply is cancelled; its words stay)."""
+        turn = self.last if self.last is not None and self.ids.continues(start) else None
+        turn_id = self.ids.speech_started(start, continues=turn is not None)
+        await self.out.send(ev.SpeechStarted(turn_id=turn_id, audio_ms=int(start * 1000 / RATE)))
+        self.turn_state.speech_started()  # over a reply: a barge-in candidate until ASR confirms words
+        if turn is not None:
+            refused = self.machine.refused  # a refused turn goes on: no reply of it to cancel
+            self.machine.fire(StageEvent.CONTINUE)
+            if not refused:
+                await self._cancel_answer()
+            turn.reopen()
+        else:
+            self.machine.fire(StageEvent.SPEECH)
+            turn = self._new_asr()
+        self.asr = self.last = turn
+        turn.feed(preroll)
+        self.ids.register(turn, turn_id)
+
+    async def _cancel_answer(self) -> None:
+        """The latest turn goes on: cancel its task, its speculation and its reply."""
+        if self._task is not None:
+            self._task.cancel()
+        spec, self._confirming = self._confirming, None
+        if spec is not None and (spec.resp is None or spec.resp is not self.replies.current):
+            # its confirmation may be cancelled before it ran: nothing else stops it
+            # (nor its decode, whose reply would otherwise start unseen, an orphan)
+            spec.drop()
+        await self.replies.cancel("continued")
+
+    async def speech_ended(self, end: SpeechEnd, *, t_end: float, drop_tail: int) -> None:
+        """The speech ended (``t_end``: when, ``time.perf_counter()`` s; ``drop_tail``:
+        samples after it beyond ``pad_ms``, left out of its transcript): refuse its turn or
+        submit it."""
+        turn, self.asr = self.asr, None
+        self.ids.speech_ended(end, t_end)
+        turn_id = self.ids.of(turn) if turn is not None else self.ids.speech_id
+        await self.out.send(ev.SpeechStopped(turn_id=turn_id, audio_ms=int(end.end * 1000 / RATE), reason=end.reason))
+        if turn is None:
+            self.turn_state.speech_stopped(turn_submitted=False)
+            return
+        spec = self._spec
+        if spec is not None and spec.resp is not None:  # a running speculation was admitted at the pause
+            self.gate.admitted_earlier()
+        else:
+            refusal = self.gate.check(spoken=True, since_end_ms=(time.perf_counter() - t_end) * 1000, key=turn,
+                                      prompt_chars=self._prompt_chars(turn), client_ended=end.reason == "input_end",
+                                      own_asr=int(turn.urgent_in_flight), own_llm=self.queued_replies())
+            if refusal is not None:
+                self._refuse(turn)
+                self.turn_state.speech_stopped(turn_submitted=False)
+                await send_busy(self.out, refusal.as_busy(), turn_id=turn_id)
+                return
+        self.turn_state.speech_stopped(turn_submitted=True)
+        turn.end_input(drop_tail=drop_tail)
+        self._spec = None
+        self.machine.fire(StageEvent.SUBMIT)
+        if spec is not None:
+            self._confirming = spec
+            self._task = self._spawn(self._answer(lambda: self.work.confirm(spec), turn))
+        else:
+            self._task = self._spawn(self._answer(lambda: self.work.transcribe_and_reply(turn, t_end), turn))
+
+    def _refuse(self, turn: AsrTurn) -> None:
+        """Stop a refused turn before any final decode: its streaming ASR stops. Its audio
+        stays: speech that resumes within the merge window continues it (the user only
+        paused), and the whole turn is decided again at its new end — no words lost."""
+        self.drop_speculation(reopen=False)
+        turn.close()
+        self.machine.fire(StageEvent.REFUSE)
+
+    async def restart(self, audio_ms: int) -> None:
+        """``session.start`` again: speech in progress ends here, unanswered (``audio_ms``:
+        where the old stream stopped); every turn is forgotten."""
+        self.drop_speculation(reopen=False)
+        if self.asr is not None:
+            turn_id = self.ids.of(self.asr)
+            await self.out.send(ev.SpeechStopped(turn_id=turn_id, audio_ms=audio_ms, reason="restart"))
+            self.turn_state.speech_stopped(turn_submitted=False)
+            await self.out.send(ev.TurnEmpty(turn_id=turn_id, reason="restart"))
+        for turn in (self.asr, self.last):
+            if turn is not None:
+                turn.close()
+        self.asr = self.last = None
+        self.ids.reset()
+        self.machine.fire(StageEvent.RESET)
+
+    # ---- admission (see pipeline/session/gate.py) --------------------------------------
+
+    def queued_replies(self) -> int:
+        """This session's replies (the current one, a speculation's) whose LLM request
+        still waits in the LLM's queue: a new turn's reply replaces them."""
+        spec, confirming = self._spec, self._confirming
+        return self.replies.queued(spec.resp if spec else None, confirming.resp if confirming else None)
+
+    def _prompt_chars(self, turn: AsrTurn) -> int:
+        """The prompt's size past the system prompt, in characters, before any final
+        transcript: the history and the turn's speech at :data:`CHARS_PER_SPEECH_S`."""
+        return self.history.chars + int(turn.stream.total_s * CHARS_PER_SPEECH_S)
+
+    # ---- the turn's task (its work: pipeline/session/turn_work.py) ---------------------
+
+    async def _answer(self, work: Callable[[], Coroutine[Any, Any, None]], turn: AsrTurn) -> None:
+        """Run a submitted turn's transcription and reply start (``work()``, created here
+        so that a task cancelled before it starts leaves no coroutine behind); then, if it
+        is still the latest ended turn's, tell the turn state its transcript is done
+        (whatever happened). A turn that started no reply no longer counts as pending for
+        admission."""
+        try:
+            await work()
+        finally:
+            if self.replies.current is None or not self.replies.current.running:
+                self.gate.release(turn)
+            if asyncio.current_task() is self._task:
+                self.turn_state.transcript_done()
+                self.machine.fire(StageEvent.TASK_DONE)
+
+    # ---- speculative end of turn (see pipeline/session/speculation.py) -----------------
+
+    def paused(self, *, drop_tail: int, t_end: float) -> None:
+        """The speech paused (``t_end``: when it stopped, ``time.perf_counter()`` s;
+        ``drop_tail``: samples since, beyond ``pad_ms``): decode the final transcript and
+        start the reply now, held back until the turn really ends. Only when nothing else
+        is in progress and admission would take the turn now."""
+        turn = self.asr
+        if turn is None or not self.machine.may_speculate(busy=self.turn_state.busy):
+            return
+        since_end_ms = (time.perf_counter() - t_end) * 1000 + self.cfg.end_silence_ms - self.cfg.early_end_ms
+        if self.gate.check(spoken=True, since_end_ms=since_end_ms, key=turn, count=False,
+                           prompt_chars=self._prompt_chars(turn), own_asr=int(turn.urgent_in_flight),
+                           own_llm=self.queued_replies()) is not None:
+            return  # the turn's end will be refused: spend nothing on it now
+        # admitted uncounted: the speculation holds its place (pending, critical) while it runs
+        spec = Speculation(turn=turn, outbox=HeldOutbox(self.out), t_end=t_end)
+        # decode what the final would: the speech and pad_ms after it, not the pause
+        spec.task = self._spawn(self.work.speculate(spec, drop_tail))
+        self._spec = spec
+        self.machine.fire(StageEvent.SPECULATE)
+
+    def drop_speculation(self, *, reopen: bool = True) -> None:
+        """The user went on speaking (or typed a turn, or the session changed): discard the
+        speculation, if one runs (``reopen``: its turn's streaming ASR goes on)."""
+        spec, self._spec = self._spec, None
+        if spec is not None:
+            self.machine.fire(StageEvent.DROP)
+            metrics.SPECULATIONS.labels("dropped").inc()
+            spec.drop()
+            self.gate.release(spec.turn)  # its place in admission's count goes back
+            if reopen and spec.turn is self.asr:
+                spec.turn.reopen()

@@ -1,0 +1,119 @@
+"""The work of a speech turn's end: its final transcript, then the start of its reply.
+
+:class:`~pipeline.session.turn_runner.TurnRunner` decides when (and runs each in a task);
+this does it: decode the final transcript (or make a speculation's decode final), report
+it, start the reply (or let a speculation's held reply out).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from pipeline import metrics
+from pipeline.asr.turn import AsrTurn
+from pipeline.asr.types import Partial
+from pipeline.session import events as ev
+from pipeline.session.gate import TurnGate
+from pipeline.session.replies import Replies, send_busy
+from pipeline.session.speculation import Speculation
+from pipeline.session.turn_ids import TurnIds
+from pipeline.session.turn_state import TurnState
+from pipeline.session.types import Outbox
+from pipeline.worker import Busy
+
+logger = logging.getLogger(__name__)
+
+
+class TurnWork:
+    """Final transcripts and reply starts of one session's speech turns.
+
+    Args:
+        out: the client's outbox.
+        replies: the session's replies.
+        gate: admission (each reply's hooks).
+        ids: the turns' ids.
+        turn_state: told when a turn had no words.
+        error: ``error(code, message)`` reports to the client.
+        session_id: for logs.
+    """
+
+    def __init__(self, *, out: Outbox, replies: Replies, gate: TurnGate, ids: TurnIds, turn_state: TurnState,
+                 error: Callable[[ev.ErrorCode, str], Awaitable[None]], session_id: str) -> None:
+        self.out, self.replies, self.gate, self.ids, self.turn_state = out, replies, gate, ids, turn_state
+        self.error, self.id = error, session_id
+
+    async def transcribe_and_reply(self, turn: AsrTurn, t_end: float) -> None:
+        """Decode the turn's final transcript, report it and start its reply (a refused
+        decode is reported with ``busy``, a failed one with ``error`` ``asr_failed``)."""
+        try:
+            result = await turn.finish()
+        except Busy as exc:
+            await send_busy(self.out, exc, turn_id=self.ids.of(turn))
+            return
+        except Exception as exc:
+            logger.exception("session %s: ASR failed", self.id)
+            await self.error("asr_failed", f"transcription failed: {exc}")
+            return
+        if await self.final_transcript(turn, result):
+            await self.replies.begin(result.text, turn_id=self.ids.of(turn), t_end=t_end, asr_ms=turn.last_decode_ms,
+                                     hooks=self.gate.hooks(turn))
+
+    async def final_transcript(self, turn: AsrTurn, result: Partial) -> bool:
+        """Report the turn's final transcript; False (and ``turn.empty``) if it has no words."""
+        audio_s = turn.stream.total_s
+        metrics.ASR_SECONDS.observe(turn.decode_ms / 1000)
+        if audio_s > 0:
+            metrics.ASR_RTF.observe(turn.decode_ms / 1000 / audio_s)
+        if not result.text:
+            self.turn_state.turn_empty()
+            await self.out.send(ev.TurnEmpty(turn_id=self.ids.of(turn), reason="no_words"))
+            return False
+        await self.out.send(ev.TranscriptFinal(turn_id=self.ids.of(turn), text=result.text, language=result.language,
+                                               audio_ms=int(audio_s * 1000)))
+        return True
+
+    async def speculate(self, spec: Speculation, drop_tail: int) -> None:
+        """Decode ``spec``'s turn as the final would (leaving out ``drop_tail`` samples of
+        pause) without committing it; if it has words, start its reply, held in
+        ``spec.outbox``."""
+        try:
+            spec.peek = await spec.turn.peek_final(drop_tail=drop_tail)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.debug("session %s: no speculation", self.id, exc_info=True)
+            return
+        text = spec.peek[0].text if spec.peek is not None else ""
+        if text:
+            spec.resp = self.replies.new(out=spec.outbox, release=spec.outbox.released)
+            self.replies.run(spec.resp, text, turn_id=self.ids.of(spec.turn), t_end=spec.t_end,
+                             asr_ms=spec.turn.last_decode_ms, hooks=self.gate.hooks(spec.turn))
+
+    async def confirm(self, spec: Speculation) -> None:
+        """The turn ended where the speculation decoded it: make its transcript final
+        and let its reply out (or fall back to a normal final decode)."""
+        promoted = False
+        try:
+            if spec.task is not None:
+                await asyncio.gather(spec.task, return_exceptions=True)
+            if spec.peek is None or spec.turn.decoding:  # no peek, or the buffer moved on since
+                metrics.SPECULATIONS.labels("failed").inc()
+                await self.transcribe_and_reply(spec.turn, spec.t_end)
+                return
+            metrics.SPECULATIONS.labels("used").inc()
+            _, req, result = spec.peek
+            final = spec.turn.commit_final(req, result)
+            if not await self.final_transcript(spec.turn, final):
+                return
+            if spec.resp is None:
+                return
+            await self.replies.promote(spec.resp)
+            promoted = True
+            await spec.outbox.release()
+            if not spec.resp.running:  # it ended (failed) before it became current
+                self.replies.settle(spec.resp)
+        finally:
+            if not promoted and spec.resp is not None:
+                spec.resp.cancel()
