@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
-from pipeline.config_fields import flag, section
+from pipeline.config_fields import check_ranges, flag, section
 from pipeline.serving_config import AdmissionConfig, DegradeConfig, ServerConfig, is_loopback
 
 
@@ -66,6 +66,8 @@ class TurnConfig:
             raise ValueError("turn: need 0 <= early_end_ms < end_silence_ms (0 turns speculation off)")
         if not 1.0 <= self.max_turn_s <= 3600.0:
             raise ValueError("turn: max_turn_s must be within 1..3600 s")
+        check_ranges("turn", self, {"min_speech_ms": (0, 10_000), "end_silence_ms": (100, 60_000), "pad_ms": (0, 5_000),
+                                    "merge_window_ms": (0, 60_000), "barge_in_min_ms": (0, 60_000)})
 
 
 @dataclass(slots=True, kw_only=True)
@@ -141,6 +143,13 @@ class AsrConfig:
                              "max_buffer_s + pad_s <= 30 (Whisper's window)")
         if self.threads < 1:
             raise ValueError("asr.threads must be >= 1")
+        check_ranges("asr", self, {
+            "threads": (1, 1024), "beam_size": (1, 64), "no_speech_threshold": (0, 1), "log_prob_threshold": (-100, 0),
+            "compression_ratio_threshold": (1, 100), "queue_size": (1, 1 << 20), "max_batch_size": (1, 4096),
+            "max_wait_ms": (0, 60_000), "encoder_batch": (0, 4096), "min_chunk_ms": (100, 30_000),
+            "partial_batch_size": (1, 4096), "partial_hold_max_ms": (0, 600_000),
+            "partial_hold_overload_ms": (0, 600_000), "prompt_tokens": (0, 223), "pad_s": (1, 30),
+            "bucket_s": (0.5, 30), "trim_s": (2, 30), "max_buffer_s": (2, 30)})
 
 
 @dataclass(slots=True, kw_only=True)
@@ -229,6 +238,9 @@ class LlmConfig:
         if not all(isinstance(pair, (tuple, list)) and len(pair) == 2 and all(isinstance(text, str) for text in pair)
                    for pair in self.examples):
             raise ValueError("llm.examples must be (user, assistant) pairs of strings")
+        check_ranges("llm", self, {"threads": (1, 1024), "burst_threads": (0, 1024), "max_new_tokens": (1, 1 << 20),
+                                   "max_context_tokens": (64, 1 << 24), "queue_size": (1, 1 << 20),
+                                   "memory_budget_mb": (0, 1 << 30)})
 
 
 @dataclass(slots=True, kw_only=True)
@@ -289,6 +301,11 @@ class SchedulerConfig:
             ValueError: no batch slot, a negative wait, or a prefill budget under 16 tokens."""
         if self.max_batch_size < 1 or self.max_wait_ms < 0 or self.max_prefill_tokens < 16:
             raise ValueError("llm_batch: max_batch_size >= 1, max_wait_ms >= 0, max_prefill_tokens >= 16")
+        check_ranges("llm_batch", self, {
+            "max_batch_size": (1, 4096), "max_wait_ms": (0, 60_000), "max_prefill_tokens": (16, 1 << 24),
+            "max_prefill_tokens_decoding": (0, 1 << 24), "long_prompt_tokens": (1, 1 << 24),
+            "long_prefill_tokens": (1, 1 << 24), "long_prefill_tokens_decoding": (1, 1 << 24),
+            "max_prefill_attention": (1, 1 << 40), "max_kv_tokens": (1, 1 << 30), "priority_age_ms": (0, 86_400_000)})
 
 
 @dataclass(slots=True, kw_only=True)
@@ -323,6 +340,8 @@ class TtsConfig:
                 raise ValueError(f"{name} must be >= 1")
         if self.backend not in ("piper", "coqui"):
             raise ValueError(f"tts.backend {self.backend!r}: piper or coqui")
+        check_ranges("tts", self, {"threads": (1, 1024), "workers": (1, 1024), "queue_size": (1, 1 << 20),
+                                   "playback_lead_s": (0, 60)}, above=frozenset({"playback_lead_s"}))
 
 
 @dataclass(slots=True, kw_only=True)

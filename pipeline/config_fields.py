@@ -11,6 +11,7 @@ import ast
 import dataclasses
 import functools
 import inspect
+import math
 import textwrap
 from typing import Any
 
@@ -59,3 +60,23 @@ def field_docs(cls: type) -> dict[str, str]:
             docs[node.target.id] = inspect.cleandoc(after.value.value)
     return docs
 
+
+
+def check_ranges(section: str, obj: Any, bounds: dict[str, tuple[float, float]], *,
+                 above: frozenset[str] = frozenset()) -> None:
+    """Check that each named numeric field of ``obj`` is a finite number within its
+    ``(low, high)`` bounds, inclusive — or strictly above ``low`` for the names in ``above``.
+    A field that is None (an ``auto`` setting) is not checked.
+
+    Raises:
+        ValueError: ``"{section}.{name} must be within …, got …"`` for the first field out of
+            range (NaN and infinities are always out).
+    """
+    for name, (low, high) in bounds.items():
+        value = getattr(obj, name)
+        if value is None:
+            continue
+        low_ok = value > low if name in above else value >= low
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and low_ok and value <= high):
+            bracket = "(" if name in above else "["
+            raise ValueError(f"{section}.{name} must be within {bracket}{low:g}, {high:g}], got {value!r}")

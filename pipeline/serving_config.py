@@ -9,7 +9,7 @@ import ipaddress
 import math
 from dataclasses import dataclass
 
-from pipeline.config_fields import flag
+from pipeline.config_fields import check_ranges, flag
 
 
 @dataclass(slots=True, kw_only=True)
@@ -70,6 +70,13 @@ class AdmissionConfig:
             ValueError: an SLO out of range."""
         if not 100.0 <= self.slo_ms <= 600_000.0:
             raise ValueError("admission.slo_ms must be within 100..600000 ms")
+        check_ranges("admission", self, {
+            "first_phrase_tokens": (1, 4096), "prefill_steps": (0, 1000), "prior_asr_ms": (0, 600_000),
+            "prior_llm_step_ms": (0, 600_000), "prior_tts_ms": (0, 600_000), "prior_reply_tokens": (0, 1 << 20),
+            "prior_prefill_ms_per_token": (0, 10_000), "base_prompt_tokens": (0, 1 << 24), "pending_ttl_s": (0, 3600),
+            "correction_quantile": (0, 1), "max_limit": (1, 1 << 20), "initial_limit": (1, self.max_limit),
+            "limit_backoff": (0, 1), "overload_s": (0, 86_400), "headroom": (0, 1)},
+            above=frozenset({"pending_ttl_s", "limit_backoff", "headroom"}))
 
 
 @dataclass(slots=True, kw_only=True)
@@ -152,9 +159,10 @@ class DegradeConfig:
         slow = self.breaker_slow_ms
         if set(slow) - {"asr", "llm", "tts"} or not all(math.isfinite(v) and v > 0 for v in slow.values()):
             raise ValueError("degrade.breaker_slow_ms: stages asr, llm, tts with finite times > 0 ms")
-        if not (0 < self.breaker_slow_rate <= 1 and 0 < self.breaker_failure_rate <= 1) \
-                or self.breaker_min_calls < 1 or self.breaker_probes < 1:
-            raise ValueError("degrade: breaker rates in (0, 1], breaker_min_calls and breaker_probes >= 1")
+        check_ranges("degrade", self, {"breaker_slow_rate": (0, 1), "breaker_failure_rate": (0, 1),
+                                       "breaker_min_calls": (1, 1 << 20), "breaker_probes": (1, 1 << 20),
+                                       "short_reply_tokens": (1, 1 << 20), "adapt_min_samples": (1, 1 << 20)},
+                     above=frozenset({"breaker_slow_rate", "breaker_failure_rate"}))
 
 
 @dataclass(slots=True, kw_only=True)
@@ -239,6 +247,10 @@ class ServerConfig:
                 raise ValueError(f"server.{name} must be a finite number > 0, got {value!r}")
         if not (math.isfinite(self.idle_timeout_s) and self.idle_timeout_s >= 0):
             raise ValueError("server.idle_timeout_s must be >= 0 s (0: never)")
+        check_ranges("server", self, {
+            "port": (0, 65_535), "max_message_bytes": (4096, 1 << 30), "send_queue": (1, 1 << 20),
+            "slow_client_timeout_s": (0, 86_400), "max_sessions": (0, 1 << 20), "idle_timeout_s": (0, 86_400 * 365)},
+            above=frozenset({"slow_client_timeout_s"}))
         if self.token is not None and not self.token.strip():
             raise ValueError("server.token is empty: give a secret, or none on a loopback host")
         if not self.token and not is_loopback(self.host):

@@ -259,3 +259,41 @@ def test_the_whole_config_keeps_the_checks_across_sections():
     with pytest.raises(ValueError, match="max_kv_tokens must fit at least one full request"):
         cfg.validate()
     LlmConfig(burst_threads=None).validate()  # None: auto
+
+
+def numeric_fields() -> list[tuple[type, str, object]]:
+    """(section class, field name, an absurd value of the field's kind) for every int and
+    float field of every section: NaN for a float, a huge or negative count for an int."""
+    out: list[tuple[type, str, object]] = []
+    for _, cls in sections():
+        default = cls()
+        for f in dataclasses.fields(cls):
+            value = getattr(default, f.name)
+            if isinstance(value, bool) or f.name == "burst_threads":
+                continue
+            if isinstance(value, float) or f.type in ("float", "float | None"):
+                out += [(cls, f.name, math.nan), (cls, f.name, math.inf)]
+            elif isinstance(value, int) or f.type in ("int", "int | None"):
+                out += [(cls, f.name, -(10 ** 12)), (cls, f.name, 10 ** 15)]
+    return out
+
+
+@pytest.mark.parametrize(("section", "name", "bad"), numeric_fields(),
+                         ids=lambda v: v.__name__ if isinstance(v, type) else str(v))
+def test_every_number_field_refuses_nan_infinity_and_absurd_counts(section, name, bad):
+    """Every number a flag can set is range-checked: a field the flags newly expose cannot make
+    a queue unbounded (``--asr-queue-size 0``) or a beam empty."""
+    with pytest.raises(ValueError, match=name):
+        section(**{name: bad}).validate()
+
+
+def test_burst_threads_auto_is_not_checked_but_a_bad_count_is():
+    LlmConfig(burst_threads=None).validate()
+    with pytest.raises(ValueError, match="burst_threads"):
+        LlmConfig(burst_threads=10 ** 6).validate()
+
+
+def test_a_zero_queue_is_refused_not_unbounded():
+    for section in (AsrConfig, LlmConfig, TtsConfig):
+        with pytest.raises(ValueError, match="queue_size"):
+            section(queue_size=0).validate()
