@@ -47,12 +47,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from websockets.datastructures import Headers
 
 from pipeline import metrics
+from pipeline.errors import Busy
 from pipeline.llm.types import PRIORITY_TEXT, FinishReason, GenRequest, GenStats
 from pipeline.serving.breaker import State
 from pipeline.session.gate import TurnGate
 from pipeline.session.types import TurnHooks
 from pipeline.stages import TextStream
-from pipeline.worker import Busy
 
 from .http_front import BODY_TIMEOUT_S, MAX_HEADER_BYTES
 from .openai_schema import ApiError, ChatCompletionRequest, ErrorType

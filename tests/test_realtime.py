@@ -16,7 +16,7 @@ from openai import AsyncOpenAI
 from audio.pcm import resample
 from audio.wav import read_mono
 from pipeline.config import VoxpipeConfig
-from pipeline.worker import Busy
+from pipeline.errors import Busy
 from tests.fake_server import fake_server
 from tests.fakes import FakeLlm, LlmReply, fake_engines
 from tests.wsclient import CONTROL_DEADLINE_S, MODEL_DEADLINE_S, wer

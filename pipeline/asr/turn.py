@@ -29,7 +29,7 @@ import numpy as np
 from pipeline.asr.stream import StreamingTranscript
 from pipeline.asr.types import DecodeRequest, DecodeResult, Partial
 from pipeline.config import AsrConfig
-from pipeline.worker import Busy
+from pipeline.errors import Busy
 
 logger = logging.getLogger(__name__)
 

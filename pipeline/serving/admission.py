@@ -63,7 +63,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from pipeline.config import AdmissionConfig
-from pipeline.worker import Busy, BusyReason
+from pipeline.errors import Busy, BusyReason
 
 
 @dataclass(slots=True, frozen=True)
@@ -177,7 +177,7 @@ class Refusal:
     message: str
 
     def as_busy(self) -> Busy:
-        """The refusal as the :class:`~pipeline.worker.Busy` a stage would raise."""
+        """The refusal as the :class:`~pipeline.errors.Busy` a stage would raise."""
         return Busy(self.message, reason=self.reason, retry_after_ms=self.retry_after_ms)
 
 

@@ -15,8 +15,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from pipeline.errors import BusyReason
 from pipeline.serving.types import Condition
-from pipeline.worker import BusyReason
 
 PROTOCOL_VERSION = 1
 MAX_TEXT_CHARS = 8000

@@ -24,6 +24,7 @@ from pipeline.asr.turn import AsrTurn
 from pipeline.asr.types import Partial
 from pipeline.config import VoxpipeConfig
 from pipeline.engines import Engines
+from pipeline.errors import Busy
 from pipeline.serving.admission import Admission
 from pipeline.serving.governor import Governor
 from pipeline.session import events as ev
@@ -37,7 +38,6 @@ from pipeline.session.status import StatusFeed
 from pipeline.session.turn_state import TurnState
 from pipeline.session.turn_tracker import INLINE_VAD_SAMPLES, RATE, TurnTracker
 from pipeline.session.types import Outbox, SpeechEnd, SpeechPause, SpeechResume, SpeechStart
-from pipeline.worker import Busy
 
 logger = logging.getLogger(__name__)
 
