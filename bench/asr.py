@@ -35,7 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
-RATE = 16000
+from audio.pcm import RATE
+
 FRAME = RATE // 50
 GAP_S = 0.5
 """Pause between one session's clips (s)."""

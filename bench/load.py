@@ -29,6 +29,8 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from audio.pcm import RATE
+
 
 @dataclass(slots=True)
 class Turn:
@@ -159,7 +161,7 @@ async def heavy_session(url: str, stop: asyncio.Event, counts: dict[str, int]) -
     from websockets.asyncio.client import connect
 
     async with connect(url, max_size=None) as ws:
-        await ws.send(json.dumps({"type": "session.start", "sample_rate": 16000, "format": "pcm16", "channels": 1,
+        await ws.send(json.dumps({"type": "session.start", "sample_rate": RATE, "format": "pcm16", "channels": 1,
                                   "output_sample_rate": 16000}))
         while not stop.is_set():
             await ws.send(json.dumps({"type": "text.input", "text": HEAVY_TEXT}))

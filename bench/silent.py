@@ -33,8 +33,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from audio.pcm import RATE
 from bench.edge import VICTIM_CLIPS, _victim_turns, victim_turn
-from bench.edge_abuser import RATE, wait_for_event
+from bench.edge_abuser import wait_for_event
 from bench.load import pct
 
 if TYPE_CHECKING:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from audio.pcm import RATE
 from audio.vad import WINDOW
 from pipeline.asr.types import AsrRequest, DecodeRequest, DecodeResult, Transcript
 from pipeline.engines import Engines
@@ -22,7 +23,6 @@ from pipeline.errors import Busy
 from pipeline.llm.types import FinishReason, GenRequest, GenStats
 from pipeline.tts.types import Speech
 
-RATE = 16000
 WORD_LEVEL = 0.05
 """Audio at or above this amplitude holds words; quieter non-zero audio is wordless speech."""
 WORD_WINDOWS = 8

@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from audio.pcm import resample
+from audio.pcm import RATE, resample
 from audio.wav import read_mono
 from tests.conftest import running_server
 from tests.test_asr_stream import dropped_phrases
@@ -17,7 +17,6 @@ from tests.wsclient import CONTROL_DEADLINE_S, MODEL_DEADLINE_S, Client, wer
 
 pytestmark = pytest.mark.slow  # every test here runs a real server
 
-RATE = 16000
 FRAME = RATE // 50  # 20 ms
 
 

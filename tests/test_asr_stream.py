@@ -9,7 +9,7 @@ import jiwer
 import numpy as np
 import pytest
 
-from audio.pcm import resample
+from audio.pcm import RATE, resample
 from audio.wav import read_mono
 from pipeline.asr.agreement import split_words
 from pipeline.asr.engine import AsrEngine
@@ -20,7 +20,6 @@ from pipeline.asr.types import AsrRequest, DecodeRequest
 from pipeline.config import AsrConfig
 from tests.wsclient import normalize, wer
 
-RATE = 16000
 STEP = RATE // 50  # 20 ms frames, as a client sends them
 
 pytestmark = pytest.mark.slow  # every test here runs the real Whisper models

@@ -27,11 +27,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from audio.pcm import RATE
 from pipeline.asr.agreement import LocalAgreement, Word, join_words, split_words
 from pipeline.asr.types import DecodeRequest, DecodeResult, Partial, TimedWord
 from pipeline.config import AsrConfig
 
-RATE = 16000
 KEEP_S = 2.0
 """Audio kept after a forced cut (s): the words still being spoken."""
 MIN_TAIL_S = 0.5

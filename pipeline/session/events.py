@@ -15,6 +15,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from audio.pcm import RATE
 from pipeline.errors import BusyReason
 from pipeline.serving.types import Condition
 
@@ -34,7 +35,7 @@ class SessionStart(_ClientEvent):
     """Start (or restart) a session and declare the audio formats."""
 
     type: Literal["session.start"]
-    sample_rate: int = Field(16000, ge=8000, le=48000, description="input rate (Hz)")
+    sample_rate: int = Field(RATE, ge=8000, le=48000, description="input rate (Hz)")
     format: Literal["pcm16", "f32"] = Field("pcm16", description="little-endian PCM16, or float32 in [-1, 1]")
     channels: int = Field(1, ge=1, le=2, description="1 (mono) or 2 (interleaved stereo)")
     output_sample_rate: int = Field(24000, ge=8000, le=48000, description="reply audio rate (Hz)")
