@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from audio.frames import parse_audio_frame
 from audio.pcm import float_to_pcm16
 from audio.wav import read_audio, write_wav
-from server.protocol import parse_audio_frame
 
 FRAME_MS = 20
 """Audio is sent in frames of this many milliseconds."""

@@ -97,8 +97,6 @@ def test_imports_go_down_or_through_types(path: Path):
             continue
         if mine in STAGES and theirs in STAGES and target.endswith(".types"):
             continue  # sibling stages meet through their message types only
-        if mine == "clients" and target == "server.protocol":
-            continue  # the wire codec is shared by the server and its clients
         if target == "pipeline" or target in ("server", "clients", "bench", "cli", "audio"):
             continue  # bare package (``from pipeline import metrics`` resolves below)
         pytest.fail(f"{me} ({mine}) imports {target} ({theirs}): a lower or sibling room may not depend on it")

@@ -6,7 +6,7 @@ validated strictly at the edge (:func:`server.protocol.parse_client_event`); ser
 events are built by the session as these classes and serialized only at the edge
 (:func:`server.protocol.encode_event`). Binary frames (audio) are not events: the client
 sends raw samples in its declared format, the server sends a 4-byte ``response_id``
-header + PCM16 (:func:`server.protocol.audio_frame`).
+header + PCM16 (:func:`audio.frames.audio_frame`).
 """
 
 from __future__ import annotations
