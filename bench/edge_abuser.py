@@ -25,7 +25,7 @@ BIG_RATE = 8000
 BIG_FRAME_BYTES = 4 * 1024 * 1024 - 4096
 """Just under the server's largest message (``ServerConfig.max_message_bytes``, 4 MiB)."""
 FRAME_S = 0.02
-"""Streamed audio frames: 20 ms (``clients.client.FRAME_MS``)."""
+"""Streamed audio frames: 20 ms (``clients.turn.FRAME_MS``)."""
 PAUSE_S = 3.0
 """Silence after each clip of the abuser stream (audio seconds)."""
 OUTPUT_RATE = 24000

@@ -282,11 +282,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args) -> int:
-    from bench.voice import _clips, _free_port, _start_server, stop_server
+    from bench.common import english_clips
+    from bench.server import free_port, start_server, stop_server
 
-    clips = _clips(Path(args.audio_dir))
-    port = _free_port()
-    proc = _start_server(args.llm, port, ["--slo-ms", str(args.slo_ms), *args.serve_args.split()],
+    clips = english_clips(Path(args.audio_dir))
+    port = free_port()
+    proc = start_server(args.llm, port, ["--slo-ms", str(args.slo_ms), *args.serve_args.split()],
                          log=args.server_log)
     url, http = f"ws://127.0.0.1:{port}/ws", f"http://127.0.0.1:{port}"
     sweep: list[RateRow] = []
