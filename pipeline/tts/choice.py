@@ -11,7 +11,7 @@ TTS_FLAG_HELP = ("piper (default: the --voice voice), piper:VOICE (joe or a Pipe
 def tts_config(flag: str, *, voice: str = "joe", threads: int = 1) -> TtsConfig:
     """The :class:`TtsConfig` for ``--tts FLAG`` (with ``--voice VOICE``): ``piper``,
     ``piper:VOICE`` (an alias of ``--voice``) or ``coqui:PATH``. A Coqui folder is checked
-    here (:func:`pipeline.tts.coqui.check_model_folder`; nothing is imported or loaded).
+    here (:func:`pipeline.tts.coqui_folder.check_model_folder`; nothing is imported or loaded).
 
     Raises:
         ValueError: one line: an unknown backend, a missing path, both ``--voice`` and
@@ -29,7 +29,7 @@ def tts_config(flag: str, *, voice: str = "joe", threads: int = 1) -> TtsConfig:
             raise ValueError("--tts coqui needs the model folder: --tts coqui:/path/to/model")
         if voice != "joe":
             raise ValueError("--voice chooses a Piper voice; with --tts coqui:PATH the folder is the voice")
-        from pipeline.tts.coqui import check_coqui_installed, check_model_folder
+        from pipeline.tts.coqui_folder import check_coqui_installed, check_model_folder
 
         check_coqui_installed()
         check_model_folder(arg)
