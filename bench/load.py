@@ -1,4 +1,5 @@
-"""Load benchmark: does the server keep its latency SLO under a flood? (DESIGN.md §5)
+"""Load benchmark: does the server keep its latency SLO under a flood? (Admission refuses
+early rather than queue: docs/ARCHITECTURE.md, admission and degradation.)
 
 Starts ``voxpipe serve`` (SmolLM2 by default, the default SLO), then offers spoken turns
 — real English clips from tests/data/audio, each streamed in real time on its own
@@ -276,7 +277,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="at --rate × the first multiple: without, then with one heavy session (8,000-character "
                         "questions back to back); print both and the ratio of the others' v2v p95")
     p.add_argument("--llm-table-requests", type=int, default=24,
-                   help="requests per mode for the design article's four-row table (voxpipe bench llm), run "
+                   help="requests per mode for voxpipe bench llm's four-row batching table, run "
                         "after the load on the same machine; 0: skip it")
     p.add_argument("--json", action="store_true")
 
@@ -340,7 +341,7 @@ def main(args) -> int:
     if "1× R_sus" in goodput and "3× R_sus" in goodput and goodput["1× R_sus"]:
         print(f"goodput at 3× / 1× R_sus: {goodput['3× R_sus'] / goodput['1× R_sus']:.2f}")
     if args.llm_table_requests > 0:
-        print("\nThe design article's four-row table (no batching / static / dynamic / quantized), same machine:",
+        print("\nvoxpipe bench llm's four-row table (no batching / static / dynamic / quantized), same machine:",
               flush=True)
         subprocess.run([sys.executable, "-m", "cli", "bench", "llm", "--llm", args.llm, "--requests",
                         str(args.llm_table_requests)], check=True)

@@ -211,7 +211,8 @@ def load_engines(cfg: VoxpipeConfig) -> Engines:
 
 async def warm_up(engines: Engines) -> dict[str, float]:
     """Run one ASR, LLM and TTS call so the first user does not pay for lazy
-    initialisation (CASES.md C17). Returns each stage's warm-up time (ms)."""
+    initialisation (the server is ready only after it: tests/test_startup.py). Returns each
+    stage's warm-up time (ms)."""
     out: dict[str, float] = {}
     t = time.perf_counter()
     await engines.asr.run(AsrRequest(np.zeros(RATE, dtype=np.float32)))

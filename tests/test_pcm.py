@@ -1,4 +1,4 @@
-"""PCM decoding: odd byte counts, formats, channels, resampling (CASES C04, C06, C07)."""
+"""PCM decoding: odd byte counts, formats, channels, resampling."""
 
 import numpy as np
 import pytest

@@ -50,8 +50,8 @@ Neither rule refuses a turn while the server is idle (no other user waiting for 
 audio, nothing queued; replies already playing only share decode steps): refusing it
 could not make anyone faster; on a slow machine the SLO is then
 missed by the machine, not by load. A turn that would overflow the LLM's KV budget gets
-reason ``memory``. This is the admission-control remedy of the design article
-(DESIGN.md §5): refuse early, before work is spent, rather than queue into tens of seconds.
+reason ``memory``. The rule of admission control: refuse early, before work is spent, rather
+than queue into tens of seconds (docs/ARCHITECTURE.md, admission and degradation).
 """
 
 from __future__ import annotations

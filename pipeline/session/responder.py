@@ -35,7 +35,7 @@ logger = logging.getLogger(__name__)
 AUDIO_CHUNK_S = 0.2
 """Reply audio is sent in binary frames of about this many seconds."""
 EMPTY_REPLY = "Sorry, I don't have an answer to that."
-"""Spoken when the LLM returns nothing speakable (CASES.md C13)."""
+"""Spoken when the LLM returns nothing speakable (an EOS first: tests/test_speaking.py)."""
 
 
 class Responder:
