@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import csv
 import json
 import os
 import statistics
@@ -35,7 +34,8 @@ from pathlib import Path
 
 import numpy as np
 
-RATE = 16000
+from audio.pcm import RATE
+
 FRAME = RATE // 50
 GAP_S = 0.5
 """Pause between one session's clips (s)."""
@@ -81,11 +81,10 @@ def load_clips(audio_dir: Path) -> list[tuple[str, np.ndarray, str]]:
     """(name, 16 kHz float32 audio, reference) of the English clips (not the "hard" ones)."""
     from audio.pcm import resample
     from audio.wav import read_mono
+    from bench.common import english_rows
 
-    with open(audio_dir / "manifest.tsv", newline="", encoding="utf-8") as fh:
-        rows = [r for r in csv.DictReader(fh, delimiter="\t") if r["language"] == "en" and "hard" not in r["file"]]
     out = []
-    for r in rows:
+    for r in english_rows(audio_dir):
         x, sr = read_mono(audio_dir / r["file"])
         out.append((r["file"], resample(x, sr, RATE).astype(np.float32), r["reference_transcript"]))
     return out

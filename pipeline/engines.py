@@ -11,6 +11,7 @@ from typing import Literal, overload
 
 import numpy as np
 
+from audio.pcm import RATE
 from audio.vad import SileroVad
 from pipeline.asr.engine import AsrEngine
 from pipeline.asr.loader import load_whisper
@@ -213,10 +214,11 @@ def load_engines(cfg: VoxpipeConfig) -> Engines:
 
 async def warm_up(engines: Engines) -> dict[str, float]:
     """Run one ASR, LLM and TTS call so the first user does not pay for lazy
-    initialisation (CASES.md C17). Returns each stage's warm-up time (ms)."""
+    initialisation (the server is ready only after it: tests/test_startup.py). Returns each
+    stage's warm-up time (ms)."""
     out: dict[str, float] = {}
     t = time.perf_counter()
-    await engines.asr.run(AsrRequest(np.zeros(16000, dtype=np.float32)))
+    await engines.asr.run(AsrRequest(np.zeros(RATE, dtype=np.float32)))
     out["asr"] = (time.perf_counter() - t) * 1000
     t = time.perf_counter()
     stream = engines.llm.submit(GenRequest(messages=[{"role": "user", "content": "Hi"}], max_new_tokens=4,

@@ -87,7 +87,7 @@ def wait_ready(proc: subprocess.Popen, url: str, log: Path, ready_s: float, what
 
 def stop_process(proc: subprocess.Popen, wait_s: float = 60) -> None:
     """Terminate ``proc``; kill it if it has not exited within ``wait_s``."""
-    from bench.voice import stop_server
+    from bench.server import stop_server
 
     stop_server(proc, wait_s)
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from bench.common import TurnRow
 from bench.edge import ScenarioResult, format_table, summarize, within_limit
 from bench.edge_abuser import BIG_FRAME_BYTES, AbuserStats, abuser_stream, big_frame, stream_frames
-from bench.voice import TurnRow
 
 ROOT = Path(__file__).resolve().parent.parent
 AUDIO = ROOT / "tests" / "data" / "audio"

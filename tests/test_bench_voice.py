@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 import bench.voice as voice
+from bench.common import TurnRow, turn_row
 from bench.voice import (
     NO_CACHE_FLAG,
     ModeRun,
-    TurnRow,
     format_per_turn,
     format_summary,
     hit_rate,
@@ -162,16 +162,16 @@ def test_cli_flags():
 
 
 def test_turn_outcomes():
-    from clients.client import AskResult
+    from clients.turn import AskResult
 
     done = AskResult(events=[{"type": "response.done", "timings_ms": {"llm_ttft": 150.0, "voice_to_voice": 900.0},
                               "output_tokens": 12, "audio_s": 2.5}], timings_ms={"voice_to_voice": 880.0})
-    row = voice._turn_row(done, 1, 3, 12.5, "a.wav")
+    row = turn_row(done, 1, 3, 12.5, "a.wav")
     assert (row.outcome, row.llm_ttft, row.voice_to_voice, row.server_voice_to_voice) == ("answered", 150.0, 880.0,
                                                                                           900.0)
-    assert voice._turn_row(AskResult(busy={"reason": "queue"}), 0, 1, 0, "a").busy == "queue"
-    assert voice._turn_row(AskResult(empty_reason="no_words"), 0, 1, 0, "a").outcome == "empty"
-    assert voice._turn_row(AskResult(), 0, 1, 0, "a").outcome == "error"
+    assert turn_row(AskResult(busy={"reason": "queue"}), 0, 1, 0, "a").busy == "queue"
+    assert turn_row(AskResult(empty_reason="no_words"), 0, 1, 0, "a").outcome == "empty"
+    assert turn_row(AskResult(), 0, 1, 0, "a").outcome == "error"
 
 
 def _args(**kw) -> Namespace:

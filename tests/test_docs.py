@@ -33,16 +33,13 @@ REPO_PREFIXES = ("audio/", "pipeline/", "server/", "clients/", "cli/", "bench/",
 """Inline code starting with one of these names a path in the repository."""
 
 PROVISIONAL_PATHS = frozenset({
-    "pipeline/errors.py",
     "pipeline/llm/input.py",
     "pipeline/llm/output.py",
     "pipeline/session/turn_runner.py",
     "pipeline/llm/runner/native/",
-    "clients/turn.py",
 })
 """Created by issue 30 parts landing alongside the docs (the Session and LlmEngine splits, the
-kernels package, ``Busy`` in its own module, the public turn driver). Remove each entry once
-its path exists: the docs then stand on their own."""
+kernels package). Remove each entry once its path exists: the docs then stand on their own."""
 
 TEST_COMMAND = ".venv/bin/python -m pytest -q"
 """The README's test command; ``.ci/run`` runs it (with more reporting flags)."""

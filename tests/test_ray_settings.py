@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.config import LlmConfig, SchedulerConfig, VoxpipeConfig
+from pipeline.errors import Busy
 from pipeline.remote.settings import (
     FRONTEND_SECTIONS,
     capacity,
@@ -20,7 +21,6 @@ from pipeline.remote.settings import (
 )
 from pipeline.remote.stats import STALE_S, StatsCache
 from pipeline.remote.types import ReplicaStats, StageLoad, StageUnavailable
-from pipeline.worker import Busy
 
 ROOT = Path(__file__).resolve().parent.parent
 YAML = ROOT / "deploy" / "ray-serve.yaml"

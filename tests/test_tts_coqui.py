@@ -18,7 +18,8 @@ from audio.wav import read_mono
 from pipeline.config import TtsConfig
 from pipeline.tts.choice import resolve_tts
 from pipeline.tts.chunker import SentenceChunker, speakable
-from pipeline.tts.coqui import MAX_PIECE_CHARS, CoquiTtsEngine, check_model_folder, pieces
+from pipeline.tts.coqui import MAX_PIECE_CHARS, CoquiTtsEngine, pieces
+from pipeline.tts.coqui_folder import check_model_folder
 from tests.conftest import ROOT, running_server
 from tests.wsclient import Client
 

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from pipeline import metrics
 from pipeline.config import LlmConfig, SchedulerConfig
 from pipeline.cpu_share import SHARE
+from pipeline.errors import Busy
 from pipeline.llm import memory
 from pipeline.llm.detok import IncrementalDetokenizer, StopStrings
 from pipeline.llm.runner.runner import ModelRunner
@@ -31,7 +32,7 @@ from pipeline.llm.stream import TokenStream
 from pipeline.llm.types import FinishReason, GenRequest, SamplingParams, SchedRequest, State, StepPlan
 from pipeline.serving.faults import NO_FAULTS, FaultInjector, injected
 from pipeline.serving.ladder import free_cached_memory, is_oom, release_free_memory
-from pipeline.worker import MAX_OOM_RETRIES, Busy, CallGuard, name_native_thread
+from pipeline.worker import MAX_OOM_RETRIES, CallGuard, name_native_thread
 
 if TYPE_CHECKING:
     from pipeline.llm.loader import LoadedLLM

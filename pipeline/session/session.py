@@ -18,12 +18,13 @@ from typing import Any
 
 import numpy as np
 
-from audio.pcm import AudioFormatError, PcmDecoder, PcmFormat
+from audio.pcm import RATE, AudioFormatError, PcmDecoder, PcmFormat
 from pipeline import metrics
 from pipeline.asr.turn import AsrTurn
 from pipeline.asr.types import Partial
 from pipeline.config import VoxpipeConfig
 from pipeline.engines import Engines
+from pipeline.errors import Busy
 from pipeline.serving.admission import Admission
 from pipeline.serving.governor import Governor
 from pipeline.session import events as ev
@@ -35,9 +36,8 @@ from pipeline.session.replies import CANCEL_WAIT_S, Replies, send_busy
 from pipeline.session.speculation import HeldOutbox, Speculation
 from pipeline.session.status import StatusFeed
 from pipeline.session.turn_state import TurnState
-from pipeline.session.turn_tracker import INLINE_VAD_SAMPLES, RATE, TurnTracker
+from pipeline.session.turn_tracker import INLINE_VAD_SAMPLES, TurnTracker
 from pipeline.session.types import Outbox, SpeechEnd, SpeechPause, SpeechResume, SpeechStart
-from pipeline.worker import Busy
 
 logger = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from pipeline.config import TtsConfig
 def resolve_tts(cfg: TtsConfig) -> TtsConfig:
     """``cfg`` with its ``backend`` as ``--tts`` gives it — ``piper``, ``piper:VOICE`` (an alias
     of ``--voice``) or ``coqui:PATH`` — split into ``backend`` and ``voice``. A Coqui folder is
-    checked here (:func:`pipeline.tts.coqui.check_model_folder`; nothing is imported or loaded).
+    checked here (:func:`pipeline.tts.coqui_folder.check_model_folder`; nothing is imported or loaded).
 
     Raises:
         ValueError: one line: an unknown backend, a missing path, both ``--voice`` and
@@ -30,7 +30,7 @@ def resolve_tts(cfg: TtsConfig) -> TtsConfig:
             raise ValueError("--tts coqui needs the model folder: --tts coqui:/path/to/model")
         if voice != default_voice:
             raise ValueError("--voice chooses a Piper voice; with --tts coqui:PATH the folder is the voice")
-        from pipeline.tts.coqui import check_coqui_installed, check_model_folder
+        from pipeline.tts.coqui_folder import check_coqui_installed, check_model_folder
 
         check_coqui_installed()
         check_model_folder(arg)
