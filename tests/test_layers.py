@@ -138,12 +138,9 @@ FOLDER_ARROWS_TO_TURN = {
 Issue 30 wants none: the test fails on any other circle, and on an entry that no longer
 exists (take it off)."""
 
-PRIVATE_USES_TO_REMOVE = {
-    ("pipeline/llm/runner/attn_native.py", "pipeline.llm.runner.q4_native._library"),
-    ("pipeline/llm/runner/greedy.py", "pipeline.llm.runner.q4_native._library"),
-}
-"""Private names still taken across modules: the kernels package (issue 30, item 5) builds
-the library in one public place. The test fails once an entry is gone: take it off."""
+PRIVATE_USES_TO_REMOVE: set[tuple[str, str]] = set()
+"""Private names still taken across modules (none: keep it so). The test fails once an entry is
+gone: take it off."""
 
 
 @pytest.fixture(scope="module")
