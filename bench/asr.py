@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import csv
 import json
 import os
 import statistics
@@ -35,7 +34,8 @@ from pathlib import Path
 
 import numpy as np
 
-RATE = 16000
+from audio.pcm import RATE
+
 FRAME = RATE // 50
 GAP_S = 0.5
 """Pause between one session's clips (s)."""
@@ -81,11 +81,10 @@ def load_clips(audio_dir: Path) -> list[tuple[str, np.ndarray, str]]:
     """(name, 16 kHz float32 audio, reference) of the English clips (not the "hard" ones)."""
     from audio.pcm import resample
     from audio.wav import read_mono
+    from bench.common import english_rows
 
-    with open(audio_dir / "manifest.tsv", newline="", encoding="utf-8") as fh:
-        rows = [r for r in csv.DictReader(fh, delimiter="\t") if r["language"] == "en" and "hard" not in r["file"]]
     out = []
-    for r in rows:
+    for r in english_rows(audio_dir):
         x, sr = read_mono(audio_dir / r["file"])
         out.append((r["file"], resample(x, sr, RATE).astype(np.float32), r["reference_transcript"]))
     return out
@@ -227,10 +226,13 @@ def format_table(rows: list[Row], tp: Throughput | None, head: str) -> str:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--asr-model", default="tiny.en", help="tiny.en, base or a CTranslate2 Whisper folder")
+    from pipeline.config import AsrConfig
+
+    server = AsrConfig()
+    p.add_argument("--asr-model", default=server.model, help="tiny.en, base or a CTranslate2 Whisper folder")
     p.add_argument("--sessions", type=int, nargs="+", default=[1, 2, 4, 8])
-    p.add_argument("--threads", type=int, default=1, help="CTranslate2 threads (the server's budget is 1)")
-    p.add_argument("--max-batch-size", type=int, default=8)
+    p.add_argument("--threads", type=int, default=server.threads, help="CTranslate2 threads (the server's budget)")
+    p.add_argument("--max-batch-size", type=int, default=server.max_batch_size)
     p.add_argument("--speed", type=float, default=1.0, help="audio pace (1 = real time)")
     p.add_argument("--audio-dir", default=str(Path(__file__).resolve().parent.parent / "tests" / "data" / "audio"))
     p.add_argument("--json", action="store_true")

@@ -13,7 +13,7 @@ open microphone sends, until the reply's ``response.done``: VAD endpointing ends
 no ``input.end``. A ``session.start`` before each turn restarts the audio position (the
 conversation goes on), as ``voxpipe bench voice --turns`` does. Voice-to-voice is
 ``voxpipe ask``'s: the end of the user's speech (when its last speech sample was sent) →
-the first reply audio frame received, from ``clients.client._timings``.
+the first reply audio frame received, as :class:`clients.turn.Turn` times it.
 
 Scenarios (``--scenarios``, all by default), the *abuser* being a second session that
 runs from ``--lead-in-s`` before the victim's first counted turn to its last:
@@ -60,6 +60,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bench.common import TurnRow, jsonable, turn_row
 from bench.edge_abuser import (
     BIG_FRAME_BYTES,
     BIG_RATE,
@@ -68,9 +69,10 @@ from bench.edge_abuser import (
     AbuserStats,
 )
 from bench.load import pct
+from bench.server import free_port, start_server, stop_server
 
 if TYPE_CHECKING:
-    from bench.voice import TurnRow
+    from clients.turn import AskResult
 
 SCENARIOS = ("alone", "neighbour_1x", "flood_20x", "big_frames")
 ABUSER_KIND = {"alone": None, "neighbour_1x": "stream", "flood_20x": "stream", "big_frames": "big"}
@@ -198,60 +200,29 @@ def format_table(rows: list[dict[str, Any]]) -> str:
 # ---- the victim ---------------------------------------------------------------------
 
 
-async def _speak(ws: Any, frames: list[bytes], marks: dict) -> None:
-    """Send ``frames`` at real-time pace, then silence at the same pace until cancelled
-    (an open microphone). Records what ``clients.client._timings`` reads: ``t0``, each
-    frame's send time in ``sent``, and ``input_end`` once the clip's last frame went out
-    (``_receive`` returns at a ``response.done`` only after it)."""
-    from clients.client import FRAME_MS
-
-    silence = bytes(len(frames[0]))
-    marks["t0"] = time.perf_counter()
-    sent = marks["sent"] = []
-    i = 0
-    while True:
-        delay = marks["t0"] + i * FRAME_MS / 1000 - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        await ws.send(frames[i] if i < len(frames) else silence)
-        sent.append(time.perf_counter())
-        if i == len(frames) - 1:
-            marks["input_end"] = sent[-1]
-        i += 1
-
-
-async def victim_turn(ws: Any, clip: Path, timeout_s: float) -> tuple[Any, bool]:
+async def victim_turn(ws: Any, clip: Path, timeout_s: float) -> tuple[AskResult, bool]:
     """One spoken turn on an open session: ``session.start`` (keeps the conversation,
-    restarts the audio position), the clip in real time and silence after it until the
-    reply is done (or ``busy``/``turn.empty``). Returns its ``AskResult`` (timings set) and
-    whether it timed out (no reply event within ``timeout_s``)."""
-    from clients.client import AskResult, _pcm16_frames, _receive, _timings
+    restarts the audio position), the clip in real time and silence after it, still paced,
+    until the reply is done (or ``busy``/``turn.empty``): an open microphone, no
+    ``input.end``. Returns its ``AskResult`` (timings set) and whether it timed out (no
+    reply event within ``timeout_s``)."""
+    from clients.turn import Turn, pcm16_frames
 
-    frames, rate, channels = _pcm16_frames(str(clip))
+    frames, rate, channels = pcm16_frames(str(clip))
     await ws.send(json.dumps({"type": "session.start", "sample_rate": rate, "format": "pcm16",
                               "channels": channels, "output_sample_rate": OUTPUT_RATE}))
-    res = AskResult(output_rate=OUTPUT_RATE)
-    marks: dict[Any, Any] = {}
-    sender = asyncio.create_task(_speak(ws, frames, marks))
-    timed_out = False
+    turn = Turn(ws, output_rate=OUTPUT_RATE)
     try:
-        await asyncio.wait_for(_receive(ws, res, marks, None), timeout_s)
+        return await turn.run(frames, timeout_s=timeout_s, then_silence=True), False
     except TimeoutError:
-        timed_out = True
-    finally:
-        sender.cancel()
-        await asyncio.gather(sender, return_exceptions=True)
-    _timings(res, marks, False)
-    return res, timed_out
+        return turn.finish(), True
 
 
-async def _victim_turns(ws: Any, clips: list[Path], turns: int, timeout_s: float, deadline: float,
+async def victim_turns(ws: Any, clips: list[Path], turns: int, timeout_s: float, deadline: float,
                         first: int = 0) -> list[TurnRow]:
     """``turns`` turns (clips alternating), until ``deadline`` (perf_counter s); a closed
     connection ends them with an ``error`` row."""
     from websockets.exceptions import ConnectionClosed
-
-    from bench.voice import TurnRow, _turn_row
 
     rows: list[TurnRow] = []
     t0 = time.perf_counter()
@@ -270,7 +241,7 @@ async def _victim_turns(ws: Any, clips: list[Path], turns: int, timeout_s: float
             rows.append(TurnRow(0, k + 1, round(start, 3), "error", clip.name,
                                 error=f"timeout (last event: {last[0]})"))
             continue
-        rows.append(_turn_row(res, 0, k + 1, start, clip.name))
+        rows.append(turn_row(res, 0, k + 1, start, clip.name))
         if res.busy is not None:
             await asyncio.sleep(min(BUSY_WAIT_MAX_S, (res.busy.get("retry_after_ms") or 0) / 1000))
     return rows
@@ -292,7 +263,7 @@ async def run_scenario_on(url: str, name: str, args: argparse.Namespace, victim:
             if proc is not None and await proc.ready() is None:
                 await asyncio.sleep(args.lead_in_s)
             t0 = time.perf_counter()
-            rows = await _victim_turns(ws, victim, args.turns, args.turn_timeout, t0 + args.scenario_timeout,
+            rows = await victim_turns(ws, victim, args.turns, args.turn_timeout, t0 + args.scenario_timeout,
                                        first=args.warmup)
             seconds = time.perf_counter() - t0
         finally:
@@ -311,10 +282,8 @@ def _scenario_log(log: str | None, name: str) -> str | None:
 
 def run_scenario(args: argparse.Namespace, name: str, victim: list[Path], abuser: list[Path]) -> ScenarioResult:
     """Start a fresh server, run scenario ``name`` on it, stop it."""
-    from bench.voice import _free_port, _start_server, stop_server
-
-    port = _free_port()
-    proc = _start_server(args.llm, port, args.serve_args.split(), log=_scenario_log(args.server_log, name))
+    port = free_port()
+    proc = start_server(args.llm, port, args.serve_args.split(), log=_scenario_log(args.server_log, name))
     try:
         res = asyncio.run(run_scenario_on(f"ws://127.0.0.1:{port}/ws", name, args, victim, abuser))
         res.server_died = proc.poll() is not None
@@ -355,9 +324,7 @@ def main(args: argparse.Namespace) -> int:
     runtime = time.perf_counter() - t0
     rows = summarize(results)
     if args.json:
-        from bench.voice import _jsonable
-
-        print(json.dumps(_jsonable({"llm": args.llm, "turns": args.turns, "serve_args": args.serve_args,
+        print(json.dumps(jsonable({"llm": args.llm, "turns": args.turns, "serve_args": args.serve_args,
                                     "speed": args.speed, "runtime_s": round(runtime, 1), "scenarios": rows,
                                     "victim_turns": {r.name: [asdict(t) for t in r.turns] for r in results}}),
                          indent=1))

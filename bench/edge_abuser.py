@@ -12,20 +12,20 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from audio.pcm import RATE
+
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
     from multiprocessing.synchronize import Event as MpEvent
 
     import numpy as np
 
-RATE = 16000
-"""The victim's and the streaming abuser's input rate (the clips' own rate, Hz)."""
 BIG_RATE = 8000
 """``big_frames`` declares PCM16 at this rate: a 4 MiB frame then holds the most audio."""
 BIG_FRAME_BYTES = 4 * 1024 * 1024 - 4096
 """Just under the server's largest message (``ServerConfig.max_message_bytes``, 4 MiB)."""
 FRAME_S = 0.02
-"""Streamed audio frames: 20 ms (``clients.client.FRAME_MS``)."""
+"""Streamed audio frames: 20 ms (``clients.turn.FRAME_MS``)."""
 PAUSE_S = 3.0
 """Silence after each clip of the abuser stream (audio seconds)."""
 OUTPUT_RATE = 24000

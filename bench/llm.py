@@ -1,6 +1,6 @@
-"""LLM serving benchmark: the design article's table for voxpipe's own engine.
+"""LLM serving benchmark: the batching table for voxpipe's own engine (docs/BENCHMARKS.md).
 
-Modes (DESIGN.md §7): no batching (one request at a time), static batching (batches of
+Modes: no batching (one request at a time), static batching (batches of
 4 that wait until full and admit nobody while running), dynamic/continuous batching
 (``max_wait_ms=50``), and dynamic batching at the other CPU precision: with ``--device cpu``
 the first three rows are bf16 and the last is int4 (weight-only int4 linears); with

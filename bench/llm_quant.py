@@ -13,7 +13,10 @@ Two tables:
   ``ModelRunner``: ``--batches`` requests decoding together, pure decode steps only, prefill
   excluded) per device, and llama.cpp's (llama-cpp-python, the ``[llamacpp]`` extra) on the
   model's own GGUF at the same thread count, batch 1 only (its ``Llama`` runs one sequence);
-  "absent" when llama-cpp-python is not installed.
+  "absent" when llama-cpp-python is not installed. And a **torchao** row at each batch
+  (:data:`TORCHAO`): int8 dynamic activations × int4 weights on torchao's CPU kernel
+  (``da8w4``), through voxpipe's same runner: the standing "do we still need our own
+  kernel?" comparison; where it cannot run here, the row says why.
 """
 
 from __future__ import annotations
@@ -29,6 +32,57 @@ DEVICES = ("cpu", "cpu-int8", "cpu-int4", "cpu-int4+head", "cpu-int4-head", "cpu
 """Rows: bf16, the two ``--device`` quantizations (LM head quantized when it is untied), int4
 with the LM head forced quantized (``+head``) or bf16 (``-head``), and int4 on PyTorch's
 kernel instead of voxpipe's (``-aten``)."""
+
+TORCHAO = "torchao da8w4"
+"""The torchao row: every linear layer (the LM head too unless tied to the input embedding, as
+``cpu-int4`` does) quantized with torchao's ``Int8DynamicActivationInt4WeightConfig`` (group 32,
+asymmetric uint8 activations per token), which runs the op ``torchao::da8w4_linear_cpu``."""
+TORCHAO_ERRORS = (RuntimeError, TypeError, ValueError, NotImplementedError, AssertionError)
+"""What torchao's quantization or a decode through its tensors may raise (torchao checks with
+``assert``): the row then says so instead of ending the bench."""
+
+
+def torchao_missing() -> str | None:
+    """Why the torchao row cannot run here, in one line; None when it can.
+
+    torchao's CPU kernels are built only into its CPU wheels (``USE_CPU_KERNELS=1``); the
+    PyPI wheel is a CUDA build whose extensions do not load beside a CPU torch, so with it
+    the op exists but has no CPU kernel.
+    """
+    try:
+        import torch
+        import torchao
+        from torchao.prototype.quantization.int4 import Int8DynamicActivationInt4WeightConfig  # noqa: F401
+    except ImportError as exc:
+        return f"absent: pip install -e '.[torchao]' ({exc})"
+    try:
+        kernels = torch._C._dispatch_dump("torchao::da8w4_linear_cpu")
+    except RuntimeError:
+        kernels = ""
+    if "CPU" not in kernels:
+        return (f"torchao {torchao.__version__} has no CPU kernel for torchao::da8w4_linear_cpu "
+                "(a CUDA build, as on PyPI; its CPU build is on PyTorch's own index)")
+    return None
+
+
+def _load_torchao(name: str):
+    """The bf16 model ``name`` with its linear layers on torchao's da8w4 CPU kernel
+    (:data:`TORCHAO`); no oneDNN packing, which would replace the quantized layers."""
+    import torch
+    from torchao.prototype.quantization.int4 import Int8DynamicActivationInt4WeightConfig
+    from torchao.quantization import quantize_
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from pipeline.llm.loader import LoadedLLM, llm_folder
+
+    folder = llm_folder(name)
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.bfloat16).eval()
+    head, emb = model.get_output_embeddings(), model.get_input_embeddings()
+    tied = head is not None and emb is not None and head.weight is emb.weight
+    quantize_(model, Int8DynamicActivationInt4WeightConfig(group_size=32, set_inductor_config=False),
+              filter_fn=lambda m, _fqn: isinstance(m, torch.nn.Linear) and not (tied and m is head))
+    return LoadedLLM(model=model, tokenizer=AutoTokenizer.from_pretrained(str(folder)), name=name,
+                     device=torch.device("cpu"), dtype=torch.bfloat16)
 
 
 def _load(name: str, dev: str, threads: int | None = None):
@@ -54,6 +108,9 @@ def add_arguments(p) -> None:
     p.add_argument("--repeats", type=int, default=3, help="speed runs per row, taken in turns (median)")
     p.add_argument("--compare-llamacpp", default="auto", metavar="GGUF",
                    help="GGUF for the llama.cpp row (auto: the --llm model's own; none: no row)")
+    p.add_argument("--compare-torchao", choices=["auto", "none"], default="auto",
+                   help="torchao's int8 x int4 CPU kernel (da8w4) at each batch (auto: a row each, or the "
+                        "reason it cannot run here; none: no row)")
     p.add_argument("--json", action="store_true")
 
 
@@ -200,26 +257,45 @@ def llamacpp_decode(gguf: str, prompt: str, threads: int, n: int) -> tuple[float
 
 
 def speed(name: str, devices: list[str], threads: list[int], batches: list[int], prompts: list[str], n: int,
-          gguf: str | None, repeats: int = 3) -> list[SpeedRow]:
+          gguf: str | None, repeats: int = 3, torchao: bool = False) -> list[SpeedRow]:
     """The speed table: one row per engine × threads × batch, the median of ``repeats`` runs
-    taken in turns across the devices (all loaded at once), so that load on a shared machine
-    falls on every row alike."""
+    taken in turns across the engines (all loaded at once), so that load on a shared machine
+    falls on every row alike. ``torchao``: the :data:`TORCHAO` rows too (each saying why where
+    it cannot run)."""
     import torch
 
-    llms = {dev: _load(name, dev) for dev in devices}
+    llms = {f"voxpipe {dev}": _load(name, dev) for dev in devices}
+    failed: dict[str, str] = {}  # engine -> why it has no figures
+    if torchao:
+        failed[TORCHAO] = torchao_missing() or ""
+        if not failed[TORCHAO]:
+            try:
+                llms[TORCHAO] = _load_torchao(name)
+                del failed[TORCHAO]
+            except TORCHAO_ERRORS as exc:
+                failed[TORCHAO] = f"quantization failed: {exc}".splitlines()[0]
     ids = [chat_ids(next(iter(llms.values())).tokenizer, p) for p in prompts]
     rows: list[SpeedRow] = []
     for t in threads:
         torch.set_num_threads(t)
-        for llm in llms.values():
-            runner_decode(llm, ids, 1, 4)  # warm-up
+        for engine, llm in llms.items():
+            if engine != TORCHAO:
+                runner_decode(llm, ids, 1, 4)  # warm-up
+        if TORCHAO in llms:  # warm-up, and a check of torchao's layers at every batch measured
+            try:
+                for b in (1, *batches):
+                    runner_decode(llms[TORCHAO], ids, b, 4 if b == 1 else 2)
+            except TORCHAO_ERRORS as exc:
+                failed[TORCHAO] = f"decode failed: {exc}".splitlines()[0]
+                del llms[TORCHAO]
         for b in batches:
-            runs: dict[str, list[tuple[float, float]]] = {dev: [] for dev in devices}
+            runs: dict[str, list[tuple[float, float]]] = {engine: [] for engine in llms}
             for _ in range(repeats):
-                for dev, llm in llms.items():
-                    runs[dev].append(runner_decode(llm, ids, b, n))
-            rows += [SpeedRow(f"voxpipe {dev}", t, b, round(statistics.median(r[0] for r in rs), 1),
-                              round(statistics.median(r[1] for r in rs), 1)) for dev, rs in runs.items()]
+                for engine, llm in llms.items():
+                    runs[engine].append(runner_decode(llm, ids, b, n))
+            rows += [SpeedRow(engine, t, b, round(statistics.median(r[0] for r in rs), 1),
+                              round(statistics.median(r[1] for r in rs), 1)) for engine, rs in runs.items()]
+            rows += [SpeedRow(engine, t, b, None, None, why) for engine, why in failed.items()]
     if gguf is not None:
         for t in threads:
             try:
@@ -253,7 +329,7 @@ def main(args) -> int:
         out["quality"] = quality(args.llm, args.devices, prompts, args.tokens, args.threads[0])
     if args.what in ("speed", "all"):
         out["speed"] = speed(args.llm, args.devices, args.threads, args.batches, prompts, args.decode_tokens,
-                             _gguf(args), args.repeats)
+                             _gguf(args), args.repeats, torchao=args.compare_torchao == "auto")
     if args.json:
         print(json.dumps({k: [asdict(r) for r in v] for k, v in out.items()}, indent=1))
     else:

@@ -1,4 +1,5 @@
-"""Load benchmark: does the server keep its latency SLO under a flood? (DESIGN.md §5)
+"""Load benchmark: does the server keep its latency SLO under a flood? (Admission refuses
+early rather than queue: docs/ARCHITECTURE.md, admission and degradation.)
 
 Starts ``voxpipe serve`` (SmolLM2 by default, the default SLO), then offers spoken turns
 — real English clips from tests/data/audio, each streamed in real time on its own
@@ -28,6 +29,8 @@ import time
 import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from audio.pcm import RATE
 
 
 @dataclass(slots=True)
@@ -159,7 +162,7 @@ async def heavy_session(url: str, stop: asyncio.Event, counts: dict[str, int]) -
     from websockets.asyncio.client import connect
 
     async with connect(url, max_size=None) as ws:
-        await ws.send(json.dumps({"type": "session.start", "sample_rate": 16000, "format": "pcm16", "channels": 1,
+        await ws.send(json.dumps({"type": "session.start", "sample_rate": RATE, "format": "pcm16", "channels": 1,
                                   "output_sample_rate": 16000}))
         while not stop.is_set():
             await ws.send(json.dumps({"type": "text.input", "text": HEAVY_TEXT}))
@@ -258,7 +261,9 @@ def _empty(row: RateRow) -> int:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--llm", default="smollm2")
-    p.add_argument("--slo-ms", type=float, default=2000.0, help="the server's SLO (passed to serve)")
+    from pipeline.config import AdmissionConfig
+
+    p.add_argument("--slo-ms", type=float, default=AdmissionConfig().slo_ms, help="the server's SLO (passed to serve)")
     p.add_argument("--duration", type=float, default=40.0, help="seconds of arrivals per rate")
     p.add_argument("--start-rate", type=float, default=0.1, help="first rate of the sweep (turns/s)")
     p.add_argument("--max-rate", type=float, default=4.0, help="the sweep stops here")
@@ -274,17 +279,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="at --rate × the first multiple: without, then with one heavy session (8,000-character "
                         "questions back to back); print both and the ratio of the others' v2v p95")
     p.add_argument("--llm-table-requests", type=int, default=24,
-                   help="requests per mode for the design article's four-row table (voxpipe bench llm), run "
+                   help="requests per mode for voxpipe bench llm's four-row batching table, run "
                         "after the load on the same machine; 0: skip it")
     p.add_argument("--json", action="store_true")
 
 
 def main(args) -> int:
-    from bench.voice import _clips, _free_port, _start_server, stop_server
+    from bench.common import english_clips
+    from bench.server import free_port, start_server, stop_server
 
-    clips = _clips(Path(args.audio_dir))
-    port = _free_port()
-    proc = _start_server(args.llm, port, ["--slo-ms", str(args.slo_ms), *args.serve_args.split()],
+    clips = english_clips(Path(args.audio_dir))
+    port = free_port()
+    proc = start_server(args.llm, port, ["--slo-ms", str(args.slo_ms), *args.serve_args.split()],
                          log=args.server_log)
     url, http = f"ws://127.0.0.1:{port}/ws", f"http://127.0.0.1:{port}"
     sweep: list[RateRow] = []
@@ -337,7 +343,7 @@ def main(args) -> int:
     if "1× R_sus" in goodput and "3× R_sus" in goodput and goodput["1× R_sus"]:
         print(f"goodput at 3× / 1× R_sus: {goodput['3× R_sus'] / goodput['1× R_sus']:.2f}")
     if args.llm_table_requests > 0:
-        print("\nThe design article's four-row table (no batching / static / dynamic / quantized), same machine:",
+        print("\nvoxpipe bench llm's four-row table (no batching / static / dynamic / quantized), same machine:",
               flush=True)
         subprocess.run([sys.executable, "-m", "cli", "bench", "llm", "--llm", args.llm, "--requests",
                         str(args.llm_table_requests)], check=True)

@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import numpy as np
 
+from audio.pcm import RATE
 from pipeline.asr.types import DecodeRequest
 
 
@@ -57,9 +58,9 @@ async def measure(handle, calls: int, deltas: int) -> list[tuple[str, float, flo
     """Rows ``(call, direct median ms, handle median ms, handle p90 ms)``."""
     local = Echo()
     payloads = {"empty call": None,
-                "ASR request, 1 s audio (64 KB)": DecodeRequest(np.zeros(16000, np.float32)),
-                "ASR request, 5 s audio (320 KB)": DecodeRequest(np.zeros(80000, np.float32)),
-                "ASR request, 20 s audio (1.3 MB: the buffer's cap)": DecodeRequest(np.zeros(320000, np.float32))}
+                "ASR request, 1 s audio (64 KB)": DecodeRequest(np.zeros(RATE, np.float32)),
+                "ASR request, 5 s audio (320 KB)": DecodeRequest(np.zeros(5 * RATE, np.float32)),
+                "ASR request, 20 s audio (1.3 MB: the buffer's cap)": DecodeRequest(np.zeros(20 * RATE, np.float32))}
     rows = []
     for name, item in payloads.items():
         direct, _ = await _median_ms(functools.partial(local.echo, item), calls)

@@ -1,7 +1,7 @@
 """``voxpipe bench roof``: how close the int4 decode step is to this CPU's limits, and what
 that allows continuous batching to gain over batch 1.
 
-A decode step of batch ``b`` is the int4 linears (voxpipe's ``q4_vnni.c``) plus everything
+A decode step of batch ``b`` is the int4 linears (voxpipe's ``native/q4_vnni.c``) plus everything
 else (attention, norms, rotary embeddings, sampling, Python). At batch 1 the kernel reads
 every weight once and is bound by memory bandwidth; at batch 8 it multiplies 8 rows per
 weight and is bound by the ``vpdpbusd`` instruction (AVX-512 VNNI: 16 lanes × 4 int8
@@ -101,7 +101,7 @@ def kernel_ms(layers: list, batch: int, threads: int, repeats: int = 15) -> floa
     kernel, as one decode step runs them."""
     import torch
 
-    from pipeline.llm.runner import q4_native
+    from pipeline.llm.runner.native import q4
 
     xs = [torch.randn(batch, m.in_features).bfloat16() for m in layers]
     ys = [torch.empty(batch, m.out_features, dtype=torch.bfloat16) for m in layers]
@@ -109,7 +109,7 @@ def kernel_ms(layers: list, batch: int, threads: int, repeats: int = 15) -> floa
     def once() -> float:
         t0 = time.perf_counter()
         for m, x, y in zip(layers, xs, ys):
-            q4_native.gemm_into(m.qweight, m.qscale, m.bias_f32, x, y, batch, threads)
+            q4.gemm_into(m.qweight, m.qscale, m.bias_f32, x, y, batch, threads)
         return time.perf_counter() - t0
 
     once()
@@ -135,7 +135,7 @@ def measure(name: str, threads: list[int], batches: list[int], tokens: int = 32)
     layers = int4_layers(llm.model)
     if not layers:
         raise RuntimeError("no linear layer runs voxpipe's int4 kernel here (no AVX-512 VNNI, or "
-                           "VOXPIPE_NATIVE_INT4=0)")
+                           "VOXPIPE_NATIVE=0)")
     macs = sum(m.in_features * m.out_features for m in layers)
     ids = [chat_ids(llm.tokenizer, p.text) for p in load_prompts()[:8]]
     rows = []

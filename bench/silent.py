@@ -33,9 +33,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from bench.edge import VICTIM_CLIPS, _victim_turns, victim_turn
-from bench.edge_abuser import RATE, wait_for_event
+from audio.pcm import RATE
+from bench.edge import VICTIM_CLIPS, victim_turn, victim_turns
+from bench.edge_abuser import wait_for_event
 from bench.load import pct
+from bench.server import free_port, start_server, stop_server
 
 if TYPE_CHECKING:
     from multiprocessing.synchronize import Event as MpEvent
@@ -147,7 +149,7 @@ async def run_on(url: str, pid: int, name: str, n: int, gate: bool, args: argpar
                     crowd = msg
             await asyncio.sleep(args.lead_in_s)
             cpu = await asyncio.to_thread(_cpu_pct, pid, args.measure_s)
-            rows = await _victim_turns(ws, victim, args.turns, args.turn_timeout, time.perf_counter() + 600, first=1)
+            rows = await victim_turns(ws, victim, args.turns, args.turn_timeout, time.perf_counter() + 600, first=1)
         finally:
             if proc is not None:
                 stop.set()
@@ -163,11 +165,9 @@ async def run_on(url: str, pid: int, name: str, n: int, gate: bool, args: argpar
 
 def run_scenario(args: argparse.Namespace, name: str, n: int, gate: bool, victim: list[Path]) -> SilentResult:
     """Start a fresh server, run one scenario on it, stop it."""
-    from bench.voice import _free_port, _start_server, stop_server
-
-    port = _free_port()
+    port = free_port()
     extra = args.serve_args.split() + ([] if gate else ["--no-vad-gate"])
-    proc = _start_server(args.llm, port, extra)
+    proc = start_server(args.llm, port, extra)
     try:
         return asyncio.run(run_on(f"ws://127.0.0.1:{port}/ws", proc.pid, name, n, gate, args, victim))
     finally:

@@ -25,11 +25,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import csv
 import json
 import math
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -37,78 +35,20 @@ import time
 import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from bench.common import TurnRow, english_clips, jsonable, turn_row
+from bench.server import free_port, start_server, stop_server
+from bench.voice_table import single_turn_table
+from bench.voice_variants import variants_main
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _start_server(llm: str, port: int, extra: list[str], log: str | None = None) -> subprocess.Popen:
-    """Start ``voxpipe serve`` and wait for /healthz; ``log``: a file for its INFO log
-    (None: WARNING and up, discarded)."""
-    sink = open(log, "w") if log else subprocess.DEVNULL
-    proc = subprocess.Popen([sys.executable, "-m", "cli", "serve", "--llm", llm, "--port", str(port),
-                             "--log-level", "INFO" if log else "WARNING", *extra],
-                            stdout=subprocess.DEVNULL, stderr=sink)
-    deadline = time.time() + 600
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError("server exited")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
-                if r.status == 200:
-                    return proc
-        except OSError:
-            time.sleep(0.5)
-    proc.kill()
-    raise RuntimeError("server not ready")
-
-
-def stop_server(proc: subprocess.Popen, timeout_s: float = 30.0) -> None:
-    """Stop a server :func:`_start_server` started: SIGTERM, then SIGKILL after ``timeout_s``."""
-    proc.terminate()
-    try:
-        proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
-def _clips(audio_dir: Path) -> list[Path]:
-    with open(audio_dir / "manifest.tsv", newline="", encoding="utf-8") as fh:
-        rows = list(csv.DictReader(fh, delimiter="\t"))
-    return [audio_dir / r["file"] for r in rows if r["language"] == "en" and "hard" not in r["file"]]
-
-
-async def _session(url: str, clips: list[Path], out: list[dict]) -> None:
-    from clients.client import ask
-
-    for clip in clips:
-        res = await ask(str(clip), url=url, timeout_s=120)
-        done = [e for e in res.events if e["type"] == "response.done"]
-        if res.busy is not None:
-            out.append({"busy": res.busy.get("reason"), "clip": clip.name})
-        if not done:
-            continue
-        t = dict(done[-1]["timings_ms"])
-        t["client_voice_to_voice"] = res.timings_ms.get("voice_to_voice")
-        t["clip"] = clip.name
-        out.append(t)
-
-
-def _stat(rows: list[dict], key: str) -> tuple[float, float]:
-    xs = sorted(r[key] for r in rows if r.get(key) is not None)
-    if not xs:
-        return float("nan"), float("nan")
-    return statistics.median(xs), xs[min(len(xs) - 1, int(round(0.95 * (len(xs) - 1))))]
+if TYPE_CHECKING:
+    from clients.turn import AskResult
 
 
 def main(args: argparse.Namespace) -> int:
     audio_dir = Path(args.audio_dir)
-    clips = _clips(audio_dir)
+    clips = english_clips(audio_dir)
     if args.jfk_only:
         clips = [c for c in clips if "jfk" in c.name]
     if args.turns is not None or args.duration is not None:
@@ -118,8 +58,6 @@ def main(args: argparse.Namespace) -> int:
         return 2
     args.sessions = args.sessions or [1, 4]
     if getattr(args, "variant", None):
-        from bench.voice_variants import variants_main
-
         return variants_main(args, clips)
     table = single_turn_table(args, clips, args.serve_args.split(), log=args.server_log)
     if args.json:
@@ -139,52 +77,6 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-ROW_KEYS = ("first_audio", "first_token_to_audio", "first_phrase_to_audio", "tts_rtf", "llm_ttft", "asr",
-            "voice_to_voice", "client_voice_to_voice")
-"""Per-turn timings (``response.done``'s ``timings_ms``, and the client's voice-to-voice) a
-row summarizes as (p50, p95)."""
-
-
-def single_turn_table(args: argparse.Namespace, clips: list[Path], extra: list[str],
-                      log: str | None = None) -> list[dict]:
-    """Start ``voxpipe serve --llm args.llm EXTRA``, play ``clips`` × ``args.repeat`` from each
-    of ``args.sessions`` concurrent sessions (one row per value), stop the server.
-
-    Returns:
-        one dict per sessions value: ``sessions``, ``responses``, ``busy``, ``within_slo``
-        (share of answered turns with client voice-to-voice <= ``args.slo_ms``), ``max_v2v``
-        (ms) and (p50, p95) of each of :data:`ROW_KEYS` (ms; ``tts_rtf`` unitless).
-
-    Raises:
-        RuntimeError: the server exited or was not ready in 600 s.
-    """
-    port = _free_port()
-    proc = _start_server(args.llm, port, extra, log=log)
-    url = f"ws://127.0.0.1:{port}/ws"
-    table = []
-    try:
-        for n in args.sessions:
-            rows: list[dict] = []
-            per = clips * args.repeat
-
-            async def run(n: int, per: list[Path], rows: list[dict]) -> None:
-                orders = [per if args.lockstep else per[k % len(per):] + per[:k % len(per)] for k in range(n)]
-                await asyncio.gather(*(_session(url, order, rows) for order in orders))
-
-            asyncio.run(run(n, per, rows))
-            answered = [r for r in rows if "busy" not in r]
-            v2v = [r["client_voice_to_voice"] for r in answered if r.get("client_voice_to_voice") is not None]
-            row = {"sessions": n, "responses": len(answered), "busy": len(rows) - len(answered),
-                   "within_slo": sum(x <= args.slo_ms for x in v2v) / len(v2v) if v2v else float("nan"),
-                   "max_v2v": max(v2v, default=float("nan"))}
-            for key in ROW_KEYS:
-                row[key] = _stat(answered, key)
-            table.append(row)
-    finally:
-        stop_server(proc)
-    return table
-
-
 # ---- multi-turn mode: one connection per session, the history grows turn by turn ----------
 
 NO_CACHE_FLAG = "--no-prefix-cache"
@@ -201,24 +93,6 @@ RSS_METRIC = "voxpipe_process_rss_bytes"
 
 
 @dataclass(slots=True)
-class TurnRow:
-    """One turn of a multi-turn session. Times in ms, except ``t_s``."""
-
-    session: int  # 0-based session number
-    turn: int  # 1-based turn index within the session
-    t_s: float  # when the turn's clip began streaming, s since the run's start
-    outcome: str  # "answered" | "busy" | "empty" | "error"
-    clip: str = ""
-    llm_ttft: float | None = None  # the server's request → first token (ms)
-    voice_to_voice: float | None = None  # end of speech → first reply audio at the client (ms)
-    server_voice_to_voice: float | None = None  # the same, measured by the server (ms)
-    output_tokens: int | None = None  # the reply's length in LLM tokens (it joins the history)
-    audio_s: float | None = None  # the reply's audio (s)
-    busy: str | None = None  # the ``busy`` reason, if the turn was refused
-    error: str | None = None  # why an ``error`` turn failed (an exception's name, or "no reply event")
-
-
-@dataclass(slots=True)
 class ModeRun:
     """One cache mode's run: its turns, how long it lasted (s) and what ``/metrics`` said."""
 
@@ -229,63 +103,19 @@ class ModeRun:
     peak_rss_mib: float | None = None  # max of the server's RSS sampled every second (MiB); None: not exposed
 
 
-async def _stream(ws: Any, frames: list[bytes], marks: dict) -> None:
-    """Send ``frames`` (20 ms each) at real-time pace, then ``input.end``; record in
-    ``marks`` what ``clients.client._timings`` reads (perf_counter seconds)."""
-    from clients.client import FRAME_MS
-
-    marks["t0"] = time.perf_counter()
-    sent = marks["sent"] = []
-    for i, frame in enumerate(frames):
-        delay = marks["t0"] + i * FRAME_MS / 1000 - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        await ws.send(frame)
-        sent.append(time.perf_counter())
-    marks["input_end"] = time.perf_counter()
-    await ws.send(json.dumps({"type": "input.end"}))
-
-
-async def _turn(ws: Any, clip: Path, timeout_s: float) -> Any:
-    """Play one clip on an open session and wait for its reply (or ``busy``/``turn.empty``).
+async def _turn(ws: Any, clip: Path, timeout_s: float) -> AskResult:
+    """Play one clip on an open session at real-time pace, then ``input.end``, and wait
+    for its reply (or ``busy``/``turn.empty``).
 
     A ``session.start`` first declares the clip's format: it keeps the conversation and
     restarts the audio position at 0, so the client's end-of-speech time is computed as
-    for a single ``voxpipe ask``. Returns its ``AskResult``."""
-    from clients.client import AskResult, _pcm16_frames, _receive, _timings
+    for a single ``voxpipe ask``."""
+    from clients.turn import Turn, pcm16_frames
 
-    frames, rate, channels = _pcm16_frames(str(clip))
+    frames, rate, channels = pcm16_frames(str(clip))
     await ws.send(json.dumps({"type": "session.start", "sample_rate": rate, "format": "pcm16",
                               "channels": channels, "output_sample_rate": OUTPUT_RATE}))
-    res = AskResult(output_rate=OUTPUT_RATE)
-    marks: dict[Any, Any] = {}
-    sender = asyncio.create_task(_stream(ws, frames, marks))
-    try:
-        await asyncio.wait_for(_receive(ws, res, marks, None), timeout_s)
-    finally:
-        sender.cancel()
-        await asyncio.gather(sender, return_exceptions=True)
-    _timings(res, marks, False)
-    return res
-
-
-def _turn_row(res: Any, session: int, turn: int, t_s: float, clip: str) -> TurnRow:
-    """Classify a turn's ``AskResult``: answered if any ``response.done`` came."""
-    done = [e for e in res.events if e.get("type") == "response.done"]
-    row = TurnRow(session, turn, round(t_s, 3), "error", clip)
-    if done:
-        server = done[-1].get("timings_ms") or {}
-        row.outcome, row.llm_ttft = "answered", server.get("llm_ttft")
-        row.voice_to_voice, row.server_voice_to_voice = res.timings_ms.get("voice_to_voice"), server.get(
-            "voice_to_voice")
-        row.output_tokens, row.audio_s = done[-1].get("output_tokens"), done[-1].get("audio_s")
-    elif res.busy is not None:
-        row.outcome, row.busy = "busy", res.busy.get("reason")
-    elif res.empty_reason is not None:
-        row.outcome = "empty"
-    else:
-        row.error = "no reply event"
-    return row
+    return await Turn(ws, output_rate=OUTPUT_RATE).run(frames, timeout_s=timeout_s)
 
 
 async def _conversation(url: str, clips: list[Path], session: int, out: list[TurnRow], *, t0: float,
@@ -304,7 +134,7 @@ async def _conversation(url: str, clips: list[Path], session: int, out: list[Tur
                 k += 1
                 start = time.perf_counter() - t0
                 res = await _turn(ws, clip, timeout_s)
-                out.append(_turn_row(res, session, k, start, clip.name))
+                out.append(turn_row(res, session, k, start, clip.name))
                 if out[-1].outcome == "error":
                     return
                 if res.busy is not None:  # as a client should: wait the server's hint before speaking again
@@ -385,9 +215,9 @@ def _mode_log(log: str | None, mode: str, compare: bool) -> str | None:
 
 def run_mode(args: argparse.Namespace, mode: str, orders: list[list[Path]], extra: list[str]) -> ModeRun:
     """Start a server with ``extra`` options, run the multi-turn workload on it, stop it."""
-    port = _free_port()
+    port = free_port()
     http = f"http://127.0.0.1:{port}"
-    proc = _start_server(args.llm, port, extra, log=_mode_log(args.server_log, mode, args.compare_cache))
+    proc = start_server(args.llm, port, extra, log=_mode_log(args.server_log, mode, args.compare_cache))
     try:
         before = _scrape(http)
         rows, span, rss = asyncio.run(_workload(f"ws://127.0.0.1:{port}/ws", http, orders, args.turns,
@@ -505,17 +335,6 @@ def _modes(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
     return [("no cache" if NO_CACHE_FLAG in base else "cache", base)]
 
 
-def _jsonable(x: Any) -> Any:
-    """nan → None, recursively (JSON has no NaN)."""
-    if isinstance(x, float) and math.isnan(x):
-        return None
-    if isinstance(x, dict):
-        return {k: _jsonable(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [_jsonable(v) for v in x]
-    return x
-
-
 def multi_turn_main(args: argparse.Namespace, clips: list[Path]) -> int:
     """``bench voice --turns N`` / ``--duration S`` [``--compare-cache``]: print the
     per-turn table and the soak summary (or one JSON object with ``--json``)."""
@@ -533,7 +352,7 @@ def multi_turn_main(args: argparse.Namespace, clips: list[Path]) -> int:
     table, summary = per_turn(runs), [soak_summary(r) for r in runs]
     modes = [r.mode for r in runs]
     if args.json:
-        print(json.dumps(_jsonable({"llm": args.llm, "sessions": n, "turns": args.turns, "duration_s": args.duration,
+        print(json.dumps(jsonable({"llm": args.llm, "sessions": n, "turns": args.turns, "duration_s": args.duration,
                                     "per_turn": table, "summary": summary,
                                     "rows": {r.mode: [asdict(t) for t in r.rows] for r in runs}}), indent=1))
         return 0

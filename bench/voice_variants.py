@@ -22,6 +22,9 @@ import shlex
 import sys
 from pathlib import Path
 
+from bench.common import jsonable
+from bench.voice_table import single_turn_table
+
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
 
 COLUMNS = (("first_audio", "first audio"), ("tts_rtf", "TTS RTF"), ("first_phrase_to_audio", "first phrase → audio"),
@@ -82,8 +85,6 @@ def variants_main(args: argparse.Namespace, clips: list[Path]) -> int:
     """Run every ``--variant`` in turn (a server each, the same clips and sessions), print one
     table (or JSON with ``--json``). Returns 2 for a bad ``--variant``, 1 if a variant's server
     failed (its row says so; the others still run), else 0."""
-    from bench.voice import _jsonable, single_turn_table
-
     try:
         variants = parse_variants(args.variant)
     except ValueError as exc:
@@ -99,7 +100,7 @@ def variants_main(args: argparse.Namespace, clips: list[Path]) -> int:
             continue
         rows += [{"variant": name, "serve_args": extra, **row} for row in table]
     if args.json:
-        print(json.dumps(_jsonable(rows), indent=1))
+        print(json.dumps(jsonable(rows), indent=1))
     else:
         print(f"LLM={args.llm} (unless a variant sets --llm), clips={len(clips)} x{args.repeat} per session, one "
               "server run per variant; each cell: p50 / p95 (ms; RTF unitless)")

@@ -34,8 +34,8 @@ from typing import Protocol
 
 import numpy as np
 
-RATE = 16000
-"""Microphone rate (Hz) of every echo control."""
+from audio.pcm import RATE
+
 MODES = ("auto", "aec", "half-duplex", "off")
 TAIL_S = 0.3
 """Half-duplex: how long after the last loud playback block the gate stays shut (s)."""

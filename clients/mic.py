@@ -22,14 +22,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from audio.frames import parse_audio_frame
+from audio.pcm import RATE
 from clients.client import EXIT_DENIED, access_denied, auth_headers, refused_session
 from clients.echo import BARGE_IN_DB, EchoControl, EchoUnavailable, make_echo_control
 from clients.mic_console import LISTENING, SPEAKING, SPEAKING_USER, THINKING, Console, latency_line
-from server.protocol import parse_audio_frame
 
 __all__ = ["EXIT_BUSY", "EXIT_GONE", "Console", "ReplyView", "ServerGone", "list_devices_command", "run_mic"]
 
-RATE = 16000
 OUT_RATE = 22050
 EXIT_BUSY = 5
 """Exit status when the server refused the session (its session cap)."""

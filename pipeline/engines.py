@@ -6,16 +6,18 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, overload
 
 import numpy as np
 
+from audio.pcm import RATE
 from audio.vad import SileroVad
 from pipeline.asr.engine import AsrEngine
 from pipeline.asr.loader import load_whisper
 from pipeline.asr.types import AsrRequest
 from pipeline.config import VoxpipeConfig
+from pipeline.cpu_share import auto_burst_threads
 from pipeline.llm.engine import LlmEngine
 from pipeline.llm.loader import load_llm
 from pipeline.llm.types import GenRequest, RemoteLlmSpec
@@ -182,6 +184,8 @@ def load_engines(cfg: VoxpipeConfig) -> Engines:
     from pipeline import model_files
 
     cfg.validate()
+    if cfg.llm.burst_threads is None:  # auto: every stage runs in this process (LlmConfig.burst_threads)
+        cfg = replace(cfg, llm=replace(cfg.llm, burst_threads=auto_burst_threads()))
     t0 = time.perf_counter()
     remote_llm: LlmStage | None = None
     if RemoteLlmSpec.is_remote(cfg.llm.model):  # a remote server is checked before any model loads
@@ -210,10 +214,11 @@ def load_engines(cfg: VoxpipeConfig) -> Engines:
 
 async def warm_up(engines: Engines) -> dict[str, float]:
     """Run one ASR, LLM and TTS call so the first user does not pay for lazy
-    initialisation (CASES.md C17). Returns each stage's warm-up time (ms)."""
+    initialisation (the server is ready only after it: tests/test_startup.py). Returns each
+    stage's warm-up time (ms)."""
     out: dict[str, float] = {}
     t = time.perf_counter()
-    await engines.asr.run(AsrRequest(np.zeros(16000, dtype=np.float32)))
+    await engines.asr.run(AsrRequest(np.zeros(RATE, dtype=np.float32)))
     out["asr"] = (time.perf_counter() - t) * 1000
     t = time.perf_counter()
     stream = engines.llm.submit(GenRequest(messages=[{"role": "user", "content": "Hi"}], max_new_tokens=4,

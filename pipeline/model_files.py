@@ -1,7 +1,7 @@
 """Locate the default model files that ship inside PyPI packages, and build the LLM cache.
 
 No function here reaches the network: every default model comes from an installed
-package (see DESIGN.md §3); anything else is a local path the user brings.
+package, pinned by its sha256; anything else is a local path the user brings.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 QWEN_SHA256 = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
-"""sha256 of the joined Qwen2.5-Coder-0.5B-Instruct Q4_K_M GGUF (DESIGN.md §3)."""
+"""sha256 of the joined Qwen2.5-Coder-0.5B-Instruct Q4_K_M GGUF (a join that does not match is
+refused: :func:`join_parts`)."""
 
 
 class ModelNotInstalled(RuntimeError):

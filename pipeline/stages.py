@@ -63,7 +63,7 @@ class AsrStage(Stage, Protocol):
     """Whisper: streaming decodes (:class:`DecodeRequest`) and whole utterances
     (:class:`AsrRequest`).
 
-    ``run`` raises :class:`~pipeline.worker.Busy` when the queue is full, or the model's
+    ``run`` raises :class:`~pipeline.errors.Busy` when the queue is full, or the model's
     exception.
     """
 

@@ -19,9 +19,10 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from pipeline.cpu_share import SHARE
+from pipeline.errors import Busy
 from pipeline.serving.faults import NO_FAULTS, FaultInjector, injected
 from pipeline.serving.ladder import free_cached_memory, is_oom
 
@@ -32,30 +33,6 @@ logger = logging.getLogger(__name__)
 
 In = TypeVar("In")
 Out = TypeVar("Out")
-
-
-BusyReason = Literal["queue", "memory", "sessions", "stage", "ladder", "breaker", "rate_limited"]
-"""Why work was refused: ``queue`` (the predicted time to first audio would miss the latency
-SLO), ``memory`` (the LLM's memory budget is full), ``sessions`` (the server's session
-cap), ``stage`` (a stage's bounded queue is full), ``ladder`` (a stage ran out of memory
-twice: the out-of-memory ladder's step 2 refuses new turns), ``breaker`` (a stage's circuit
-breaker is open: it failed or was slow too often)."""
-
-
-class Busy(RuntimeError):
-    """Work refused for lack of capacity: the caller tells the client ``busy`` and moves on.
-
-    Args:
-        message: what was full, for people.
-        reason: ``stage`` (a bounded queue is full: the default), ``memory`` (a memory
-            budget), ``queue`` (the latency SLO could not be met) or ``sessions``.
-        retry_after_ms: when a retry may succeed (ms).
-    """
-
-    def __init__(self, message: str, *, reason: BusyReason = "stage", retry_after_ms: int = 1000) -> None:
-        super().__init__(message)
-        self.reason = reason
-        self.retry_after_ms = retry_after_ms
 
 
 def name_native_thread() -> None:
@@ -104,7 +81,7 @@ class BatchWorker(Generic[In, Out]):
 
     Args:
         name: stage name for logs, metrics and thread names.
-        queue_size: bounded queue length; :meth:`submit` raises :class:`Busy` when full.
+        queue_size: bounded queue length; :meth:`submit` raises :class:`~pipeline.errors.Busy` when full.
         max_batch_size: most items handed to one :meth:`process_batch` call.
         max_wait_ms: how long the first item waits for company (ms).
         workers: threads taking batches from the one queue (a pool; 1 by default).

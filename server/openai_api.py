@@ -35,7 +35,7 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 from pydantic import ValidationError
 from starlette.applications import Starlette
@@ -47,19 +47,17 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from websockets.datastructures import Headers
 
 from pipeline import metrics
+from pipeline.errors import Busy
 from pipeline.llm.types import PRIORITY_TEXT, FinishReason, GenRequest, GenStats
 from pipeline.serving.breaker import State
 from pipeline.session.gate import TurnGate
 from pipeline.session.types import TurnHooks
 from pipeline.stages import TextStream
-from pipeline.worker import Busy
 
 from .http_front import BODY_TIMEOUT_S, MAX_HEADER_BYTES
 from .openai_schema import ApiError, ChatCompletionRequest, ErrorType
 from .plain_http import PlainConnection, plain_answer
-
-if TYPE_CHECKING:
-    from .app import VoxpipeServer
+from .types import ApiHost
 
 logger = logging.getLogger(__name__)
 
@@ -174,14 +172,14 @@ def _abort_when_gone(receive: Receive, stream: TextStream) -> asyncio.Task[None]
 
 
 class OpenAiApi:
-    """The endpoints over one :class:`~server.app.VoxpipeServer` (its engines, admission,
+    """The endpoints over one server (:class:`~server.types.ApiHost`: its engines, admission,
     governor and edge).
 
     Args:
         server: the server whose LLM, admission and governor the requests use.
     """
 
-    def __init__(self, server: VoxpipeServer) -> None:
+    def __init__(self, server: ApiHost) -> None:
         self.server = server
         self.gate = TurnGate(server.admission, server.engines, server.cfg, HTTP_SESSION, server.governor)
         self.model = model_id(server.cfg.llm.model)
@@ -403,9 +401,9 @@ class _SseReply(Response):
 class _Front:
     """The ASGI entry: the edge checks for ``/v1/...`` (OpenAI-style errors), metrics by
     status, and — for a later request on a kept-alive API connection that is not for the
-    API — the websockets server's plain answers (:meth:`VoxpipeServer.process_request`)."""
+    API — the server's plain answers (:meth:`~server.types.HttpHost.process_request`)."""
 
-    def __init__(self, app: ASGIApp, server: VoxpipeServer) -> None:
+    def __init__(self, app: ASGIApp, server: ApiHost) -> None:
         self.app, self.server = app, server
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -460,7 +458,7 @@ class _Front:
         await send({"type": "http.response.body", "body": body})
 
 
-def openai_app(server: VoxpipeServer) -> ASGIApp:
+def openai_app(server: ApiHost) -> ASGIApp:
     """The ASGI app of the HTTP API over ``server``."""
     api = OpenAiApi(server)
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from audio.frames import audio_frame
 from pipeline.session.events import ServerEvent
 
-from .protocol import audio_frame, encode_event
+from .protocol import encode_event
 
 logger = logging.getLogger(__name__)
 

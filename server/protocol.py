@@ -1,17 +1,16 @@
-"""Wire protocol v1 at the edge: text frames ↔ typed events, and audio frames.
+"""Wire protocol v1 at the edge: text frames ↔ typed events.
 
 The event classes of both directions live in :mod:`pipeline.session.events`.
 :func:`parse_client_event` turns any text frame into a client event or a
 :class:`ProtocolError` with an error ``code``; :func:`encode_event` serializes a server
-event. Binary server frames carry reply audio: a 4-byte little-endian unsigned
-``response_id`` followed by PCM16 mono samples at the session's output rate. The full
-reference is docs/PROTOCOL.md; docs/protocol.schema.json is generated from the classes.
+event. Binary server frames carry reply audio: their codec is :mod:`audio.frames`, shared
+with the clients. The full reference is docs/PROTOCOL.md; docs/protocol.schema.json is
+generated from the classes.
 """
 
 from __future__ import annotations
 
 import json
-import struct
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -84,25 +83,6 @@ def json_schema() -> dict:
                   "ServerEvent": schemas[("server", "serialization")]},
         "oneOf": [{"$ref": "#/$defs/ClientEvent"}, {"$ref": "#/$defs/ServerEvent"}],
     }
-
-
-AUDIO_HEADER = struct.Struct("<I")
-
-
-def audio_frame(response_id: int, pcm16: bytes) -> bytes:
-    """A binary reply-audio frame: ``<I`` response_id + PCM16 mono bytes."""
-    return AUDIO_HEADER.pack(response_id) + pcm16
-
-
-def parse_audio_frame(frame: bytes) -> tuple[int, bytes]:
-    """Split a binary reply-audio frame into (response_id, PCM16 bytes).
-
-    Raises:
-        ValueError: the frame is shorter than its header.
-    """
-    if len(frame) < AUDIO_HEADER.size:
-        raise ValueError("audio frame shorter than its 4-byte header")
-    return AUDIO_HEADER.unpack_from(frame)[0], frame[AUDIO_HEADER.size :]
 
 
 if __name__ == "__main__":  # python -m server.protocol > docs/protocol.schema.json

@@ -18,6 +18,17 @@ ROOT = Path(__file__).resolve().parent.parent
 AUDIO_DIR = Path(os.environ.get("VOXPIPE_TEST_AUDIO", ROOT / "tests" / "data" / "audio"))
 
 
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Tests marked ``native`` (they run voxpipe's C kernels) skip, with the reason, where the
+    kernels are not available: ``VOXPIPE_NATIVE=0`` (CI's PyTorch-only run), the CPU, no compiler."""
+    if item.get_closest_marker("native") is not None:
+        from pipeline.llm.runner import native
+
+        reason = native.status().reason
+        if reason:
+            pytest.skip(f"voxpipe's C kernels not available: {reason}")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -76,7 +87,7 @@ def wait_ready(proc: subprocess.Popen, url: str, log: Path, ready_s: float, what
 
 def stop_process(proc: subprocess.Popen, wait_s: float = 60) -> None:
     """Terminate ``proc``; kill it if it has not exited within ``wait_s``."""
-    from bench.voice import stop_server
+    from bench.server import stop_server
 
     stop_server(proc, wait_s)
 

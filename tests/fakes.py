@@ -15,14 +15,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from audio.pcm import RATE
 from audio.vad import WINDOW
 from pipeline.asr.types import AsrRequest, DecodeRequest, DecodeResult, Transcript
 from pipeline.engines import Engines
+from pipeline.errors import Busy
 from pipeline.llm.types import FinishReason, GenRequest, GenStats
 from pipeline.tts.types import Speech
-from pipeline.worker import Busy
 
-RATE = 16000
 WORD_LEVEL = 0.05
 """Audio at or above this amplitude holds words; quieter non-zero audio is wordless speech."""
 WORD_WINDOWS = 8
@@ -204,7 +204,7 @@ class FakeTokenStream:
 
 class FakeLlm(_Stage):
     """Answers request *i* with ``script[i]`` (a :class:`LlmReply`, or an exception such
-    as :class:`~pipeline.worker.Busy` raised by ``submit``); past the script, ``default``.
+    as :class:`~pipeline.errors.Busy` raised by ``submit``); past the script, ``default``.
 
     Attributes:
         requests: every request submitted, in order.

@@ -16,12 +16,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from audio.pcm import RATE
 from pipeline.config import VoxpipeConfig
 from pipeline.engines import Engines
 from pipeline.serving.admission import Admission
 from pipeline.session import events as ev
 from pipeline.session.session import Session
-from tests.fakes import RATE, fake_engines, pcm16
+from tests.fakes import fake_engines, pcm16
 
 DEADLINE_S = 10.0
 """Default wait deadline (s): generous, only a broken behaviour reaches it."""

@@ -314,7 +314,7 @@ def one_at_a_time(llm: FakeLlm) -> tuple[Harness, Admission]:
 
 async def test_a_reply_cancelled_before_its_task_ran_gives_its_place_back():
     """``text.input`` then ``response.cancel`` at once: the reply's task is cancelled before
-    it ever ran (CASES C18 without pauses) and must still give its admission place back."""
+    it ever ran (a cancel/restart without pauses) and must still give its admission place back."""
     llm = FakeLlm(default=LlmReply.of("Sure."))
     h, admission = one_at_a_time(llm)
     try:
@@ -387,7 +387,7 @@ def test_replies_that_only_play_leave_the_server_idle():
 
 
 async def test_a_reply_cancelled_before_its_first_audio_gives_its_place_back():
-    """Ten cancel/restart cycles in one session (CASES C18) must not fill the concurrency
+    """Ten cancel/restart cycles in one session must not fill the concurrency
     limit with turns nobody waits for any more."""
     llm = FakeLlm(default=LlmReply.of("A very", " slow reply.", delay_s=30.0))
     h, admission = one_at_a_time(llm)

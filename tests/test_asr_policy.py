@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from audio.pcm import RATE
 from pipeline.asr.agreement import LocalAgreement, join_words, split_words
 from pipeline.asr.decode import _before_loop
 from pipeline.asr.guards import check_continuation, cut_repetition, restarted_tail, trailing_loop
 from pipeline.asr.stream import CATCHUP_WINDOW_S, StreamingTranscript
 from pipeline.asr.types import DecodeResult, TimedWord
 from pipeline.config import AsrConfig
-
-RATE = 16000
 
 
 def W(text: str):

@@ -1,5 +1,5 @@
-"""Streaming ASR through a real server on loopback (CASES C01, C03, idle sessions):
-partial transcripts, VAD on and off, languages."""
+"""Streaming ASR through a real server on loopback (silence and noise, a long utterance,
+idle sessions): partial transcripts, VAD on and off, languages."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from audio.pcm import resample
+from audio.pcm import RATE, resample
 from audio.wav import read_mono
 from tests.conftest import running_server
 from tests.test_asr_stream import dropped_phrases
@@ -17,7 +17,6 @@ from tests.wsclient import CONTROL_DEADLINE_S, MODEL_DEADLINE_S, Client, wer
 
 pytestmark = pytest.mark.slow  # every test here runs a real server
 
-RATE = 16000
 FRAME = RATE // 50  # 20 ms
 
 
@@ -72,7 +71,7 @@ def base_server(tmp_path_factory):
 @pytest.mark.parametrize("vad", [True, False])
 @pytest.mark.parametrize("kind", ["zeros", "noise-60dBFS"])
 async def test_silence_and_room_tone_give_no_transcript_and_no_reply(base_server, kind, vad, language):
-    """C01: 20 s of digital silence or −60 dBFS white noise (4× real time), then close."""
+    """Silence and noise: 20 s of digital silence or −60 dBFS white noise (4× real time), then close."""
     rng = np.random.default_rng(1)
     n = 20 * RATE
     x = np.zeros(n, np.float32) if kind == "zeros" else (rng.standard_normal(n) * 1e-3).astype(np.float32)
@@ -108,7 +107,7 @@ async def test_unknown_language_is_reported_and_detected(base_server):
 
 
 async def test_utterance_past_30_s_keeps_partials_and_loses_no_words(server, audio_dir, manifest):
-    """C03: ~46 s without a pause (VAD off, 2× real time): partials keep coming after
+    """A long utterance: ~46 s without a pause (VAD off, 2× real time): partials keep coming after
     30 s of audio, committed text is never retracted, and the final has every clip."""
     names = [n for n, r in manifest.items() if r["language"] == "en" and "hard" not in n]
     x = np.concatenate([clip(audio_dir, n) for n in names])

@@ -1,5 +1,5 @@
 """Streaming ASR with the real Whisper models, no server: batched decoding, partials,
-WER against offline transcription, >30 s streams, languages (CASES C01, C03)."""
+WER against offline transcription, >30 s streams, languages; silence and noise give no words."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import jiwer
 import numpy as np
 import pytest
 
-from audio.pcm import resample
+from audio.pcm import RATE, resample
 from audio.wav import read_mono
 from pipeline.asr.agreement import split_words
 from pipeline.asr.engine import AsrEngine
@@ -20,7 +20,6 @@ from pipeline.asr.types import AsrRequest, DecodeRequest
 from pipeline.config import AsrConfig
 from tests.wsclient import normalize, wer
 
-RATE = 16000
 STEP = RATE // 50  # 20 ms frames, as a client sends them
 
 pytestmark = pytest.mark.slow  # every test here runs the real Whisper models
@@ -104,7 +103,7 @@ def test_streaming_finals_match_offline_and_partials_come_first(asr, audio_dir, 
 
 @pytest.mark.parametrize("lead_ms", [0, 200])
 def test_stream_past_30_s_keeps_partials_and_words(asr, audio_dir, manifest, lead_ms):
-    """C03: one long utterance (the English clips back to back, ~46 s). ``lead_ms`` of
+    """One long utterance (the English clips back to back, ~46 s). ``lead_ms`` of
     silence first shifts where the updates fall: with 200 ms the last final decode ran
     into a loop ("of about 1455, 4555, 4555, …") and the whole continuation was dropped."""
     names = english(manifest)
@@ -167,7 +166,7 @@ def test_partials_never_repeat_themselves(asr, audio_dir):
 @pytest.mark.parametrize("kind", ["zeros", "noise-60dBFS"])
 @pytest.mark.parametrize("language", ["en", "zh", None])
 def test_silence_gives_no_words_in_any_language(base, kind, language):
-    """C01 at the model: 20 s of digital silence or −60 dBFS noise, VAD off."""
+    """Silence and noise at the model: 20 s of digital silence or −60 dBFS noise, VAD off."""
     rng = np.random.default_rng(0)
     n = 20 * RATE
     x = np.zeros(n, np.float32) if kind == "zeros" else (rng.standard_normal(n) * 1e-3).astype(np.float32)
@@ -184,7 +183,7 @@ def test_multilingual_base_detects_german(base, audio_dir, manifest):
 
 
 def test_low_noise_gives_no_partial_words(asr, base):
-    """C01 for partials (they drive barge-in), VAD off: −60 dBFS noise decoded as short
+    """Silence and noise for partials (they drive barge-in), VAD off: −60 dBFS noise decoded as short
     buffers, as updates of a turn see them. base took 0.5–0.9 s of it for "请问", "大陆》",
     "作词作曲" (no-speech probability 0.50–0.60, log-probability −1.5 to −3.1)."""
     rng = np.random.default_rng(1)

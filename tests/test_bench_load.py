@@ -50,7 +50,7 @@ def test_a_tiny_run_prints_the_table_and_the_counters_agree():
     assert out.returncode == 0, out.stderr[-3000:]
     rows = [line for line in out.stdout.splitlines() if line.startswith("| 1× R_sus |")]
     assert len(rows) == 1 and rows[0].rstrip().endswith("| yes |"), out.stdout
-    # then the design article's four-row table, on the same machine
+    # then voxpipe bench llm's four-row table, on the same machine
     modes = [line.split("|")[1].strip() for line in out.stdout.splitlines() if line.startswith("| ")]
     for mode in ("no batching", "static batch 4", "dynamic batching", "dynamic + int4"):
         assert mode in modes, out.stdout

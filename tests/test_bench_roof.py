@@ -5,9 +5,6 @@ from __future__ import annotations
 import pytest
 
 from bench.roof import MACS_PER_INSTRUCTION, RoofRow, format_table, measure, ratio_bound
-from pipeline.llm.runner import q4_native
-
-needs_kernel = pytest.mark.skipif(not q4_native.available(), reason="the CPU lacks AVX-512 VNNI (or no C compiler)")
 
 
 def test_ratio_bound_replaces_the_batch_kernel_by_its_floor():
@@ -24,7 +21,7 @@ def test_table_gives_floor_share_measured_ratio_and_bound():
     assert "threads 2, batch 8 over batch 1: 4.00x token rate measured; at most 4.80x" in text
 
 
-@needs_kernel
+@pytest.mark.native
 @pytest.mark.slow
 def test_measure_counts_every_int4_weight_and_floors_by_the_measured_rate():
     rows, macs = measure("smollm2", [1], [1, 2], tokens=6)

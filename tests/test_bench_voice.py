@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 import bench.voice as voice
+from bench.common import TurnRow, turn_row
 from bench.voice import (
     NO_CACHE_FLAG,
     ModeRun,
-    TurnRow,
     format_per_turn,
     format_summary,
     hit_rate,
@@ -27,7 +27,7 @@ from bench.voice import (
     turn_buckets,
     windows,
 )
-from cli.main import _parser
+from cli.main import build_parser
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -153,7 +153,7 @@ def test_compare_cache_runs_the_default_then_no_prefix_cache_appended_to_serve_a
 
 
 def test_cli_flags():
-    p = _parser()
+    p = build_parser()
     a = p.parse_args(["bench", "voice", "--turns", "20", "--compare-cache"])
     assert (a.turns, a.duration, a.compare_cache, a.sessions) == (20, None, True, None)
     assert p.parse_args(["bench", "voice", "--duration", "300", "--sessions", "4"]).duration == 300.0
@@ -162,16 +162,16 @@ def test_cli_flags():
 
 
 def test_turn_outcomes():
-    from clients.client import AskResult
+    from clients.turn import AskResult
 
     done = AskResult(events=[{"type": "response.done", "timings_ms": {"llm_ttft": 150.0, "voice_to_voice": 900.0},
                               "output_tokens": 12, "audio_s": 2.5}], timings_ms={"voice_to_voice": 880.0})
-    row = voice._turn_row(done, 1, 3, 12.5, "a.wav")
+    row = turn_row(done, 1, 3, 12.5, "a.wav")
     assert (row.outcome, row.llm_ttft, row.voice_to_voice, row.server_voice_to_voice) == ("answered", 150.0, 880.0,
                                                                                           900.0)
-    assert voice._turn_row(AskResult(busy={"reason": "queue"}), 0, 1, 0, "a").busy == "queue"
-    assert voice._turn_row(AskResult(empty_reason="no_words"), 0, 1, 0, "a").outcome == "empty"
-    assert voice._turn_row(AskResult(), 0, 1, 0, "a").outcome == "error"
+    assert turn_row(AskResult(busy={"reason": "queue"}), 0, 1, 0, "a").busy == "queue"
+    assert turn_row(AskResult(empty_reason="no_words"), 0, 1, 0, "a").outcome == "empty"
+    assert turn_row(AskResult(), 0, 1, 0, "a").outcome == "error"
 
 
 def _args(**kw) -> Namespace:

@@ -67,8 +67,8 @@ def test_ask_music_has_no_reply(server, audio_dir, tmp_path):
 
 def _scripted_reply(audio_s: float = 0.5, rate: int = 24000) -> list:
     """A scripted server's answer to a turn: a reply with ``audio_s`` of audio."""
+    from audio.frames import audio_frame
     from pipeline.session import events as ev
-    from server.protocol import audio_frame
     from tests.scripted_server import server_event
 
     pcm = (np.sin(np.arange(int(audio_s * rate)) / 8) * 3000).astype("<i2").tobytes()

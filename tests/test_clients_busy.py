@@ -17,8 +17,8 @@ import soundfile as sf
 from cli.main import main
 from clients.client import BUSY_REASONS, SESSIONS_RETRY_MS, describe_busy, sessions_busy
 from clients.mic import EXIT_BUSY, Console, run_mic
+from pipeline.errors import BusyReason
 from pipeline.session import events as ev
-from pipeline.worker import BusyReason
 from tests.scripted_server import scripted_server, server_event
 
 SLO_MESSAGE = "a reply now would take ~3262 ms, over the 2000 ms SLO"

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.llm.runner import attn_native, decode_step, q4_native
+from pipeline.llm.runner import decode_step, native
+from pipeline.llm.runner.native import attn
 from pipeline.llm.runner.quant_linear import quantize_linears
 from pipeline.llm.runner.runner import ModelRunner
 from tests.test_batching import run
@@ -46,8 +47,8 @@ def test_lean_decode_and_mixed_steps_give_the_same_bits_as_transformers(kind, qu
     for name in calls:
         monkeypatch.setattr(decode_step, name, counting(name, getattr(decode_step, name)))
     chunks = []
-    real_chunk = attn_native.chunk
-    monkeypatch.setattr(attn_native, "chunk", lambda *a, **kw: chunks.append(real_chunk(*a, **kw)) or chunks[-1])
+    real_chunk = attn.chunk
+    monkeypatch.setattr(attn, "chunk", lambda *a, **kw: chunks.append(real_chunk(*a, **kw)) or chunks[-1])
     logits: dict[str, list[torch.Tensor]] = {"lean": [], "plain": []}
     head = model.lm_head.forward
     for name, runner in (("lean", lean), ("plain", plain)):
@@ -61,7 +62,7 @@ def test_lean_decode_and_mixed_steps_give_the_same_bits_as_transformers(kind, qu
         if name == "lean":
             lean_calls, lean_tokens = dict(calls), tokens
     assert calls == lean_calls and lean_calls["decode"] > 5 and lean_calls["mixed"] >= 2
-    if attn_native.available():  # prompt chunks of mixed steps ran voxpipe's attention kernel, in both runs
+    if native.available():  # prompt chunks of mixed steps ran voxpipe's attention kernel, in both runs
         assert chunks and all(c is not None for c in chunks)
     assert tokens == lean_tokens
     assert len(logits["lean"]) == len(logits["plain"])
@@ -85,7 +86,7 @@ def test_models_it_cannot_prove_run_transformers_forward():
 
 def test_steps_are_padded_to_a_bucket_only_where_a_linear_runs_onednn():
     assert ModelRunner(_tiny("llama", False), torch.device("cpu"), pad_id=0).bucket == ModelRunner.BUCKET
-    if q4_native.available():
+    if native.available():
         assert ModelRunner(_tiny("qwen2", True), torch.device("cpu"), pad_id=0).bucket == 1
     with_copy = _tiny("llama", False)
     quantize_linears(with_copy, "int4", max_rows=8)  # wider steps run the bf16 copy: oneDNN again

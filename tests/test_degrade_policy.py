@@ -10,12 +10,13 @@ import threading
 import pytest
 
 from pipeline.config import DegradeConfig, VoxpipeConfig
+from pipeline.errors import Busy
 from pipeline.serving.breaker import State
 from pipeline.serving.faults import FaultInjector, FaultRule, InjectedFault, InjectedOom, parse_rules
 from pipeline.serving.governor import Governor
 from pipeline.serving.ladder import OomLadder, is_oom
 from pipeline.serving.slo_adapt import SloAdapter, p95
-from pipeline.worker import BatchWorker, Busy
+from pipeline.worker import BatchWorker
 
 # ---- fault rules --------------------------------------------------------------------------
 

@@ -244,7 +244,7 @@ async def test_invalid_utf8_text_frame_closes_only_that_connection(server):
 
 
 async def test_tiny_and_odd_audio_frames_still_transcribe(server, audio_dir):
-    """C07: 1-, 3- and 321-byte frames; samples split across frames are reassembled."""
+    """Tiny and odd frames: 1-, 3- and 321-byte frames; samples split across frames are reassembled."""
     x = clip16k(audio_dir, "en_cmu_goforward.wav")
     data = pcm16(x)
     async with Client(server["url"]) as c:

@@ -7,11 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.llm.runner import q4_native
+from pipeline.llm.runner import native
 from pipeline.llm.runner.fused_quant import FusedQuant
 from pipeline.llm.runner.quant_linear import QuantLinear
-
-needs_kernel = pytest.mark.skipif(not q4_native.available(), reason="the CPU lacks AVX-512 VNNI (or no C compiler)")
 
 
 def _layers(sizes, k=96, bias=(True, True, True), max_rows=8, seed=0):
@@ -23,7 +21,7 @@ def _layers(sizes, k=96, bias=(True, True, True), max_rows=8, seed=0):
     return out
 
 
-@needs_kernel
+@pytest.mark.native
 @pytest.mark.parametrize("bias", [(True, True, True), (False, False, False)])
 @pytest.mark.parametrize("rows", [1, 3, 8])
 def test_one_call_gives_each_layers_own_bits(bias, rows):
@@ -39,7 +37,7 @@ def test_one_call_gives_each_layers_own_bits(bias, rows):
         assert torch.equal(lyr.forward(x), a)
 
 
-@needs_kernel
+@pytest.mark.native
 def test_the_layers_share_the_fused_weights():
     layers = _layers([64, 32, 48])
     fused = FusedQuant.of(layers)
@@ -49,7 +47,7 @@ def test_the_layers_share_the_fused_weights():
     assert sum(lyr.qweight.numel() for lyr in layers) == fused.qweight.numel()
 
 
-@needs_kernel
+@pytest.mark.native
 def test_a_wide_step_runs_each_layers_bf16_copy():
     layers = _layers([64, 32], bias=(True, True), max_rows=2)
     fused = FusedQuant.of(layers)
@@ -63,7 +61,7 @@ def test_only_layers_on_the_int4_kernel_with_one_input_width_fuse():
     assert FusedQuant.of([lin, lin]) is None
     assert FusedQuant.of([QuantLinear(lin, "int8", max_rows=8)] * 2) is None
     assert FusedQuant.of([QuantLinear(lin, "int4", max_rows=8, native=False)] * 2) is None
-    if q4_native.available():
+    if native.available():
         other = QuantLinear(torch.nn.Linear(64, 32).to(torch.bfloat16), "int4", max_rows=8)
         assert FusedQuant.of([QuantLinear(lin, "int4", max_rows=8), other]) is None
         assert FusedQuant.of(_layers([32])) is None

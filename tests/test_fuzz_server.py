@@ -56,10 +56,11 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 from websockets.protocol import State
 
+from audio.frames import parse_audio_frame
 from audio.pcm import resample
 from audio.wav import read_mono
 from pipeline.session import events as ev
-from server.protocol import ProtocolError, parse_audio_frame, parse_client_event
+from server.protocol import ProtocolError, parse_client_event
 from tests import fuzz_strategies as fz
 from tests.wsclient import CONTROL_DEADLINE_S, MODEL_DEADLINE_S, Client, normalize, wer
 

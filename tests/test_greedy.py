@@ -1,4 +1,4 @@
-"""Greedy decoding's argmax (pipeline/llm/runner/greedy.py, argmax.c): torch.argmax's answer on
+"""Greedy decoding's argmax (pipeline/llm/runner/greedy.py, native/argmax.c): torch.argmax's answer on
 the same fp32 values for any bf16 logits (ties, NaN, -inf, tails, strided rows), and PyTorch's
 argmax where the kernel does not apply."""
 
@@ -9,9 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.llm.runner import greedy, q4_native
-
-needs_kernel = pytest.mark.skipif(not q4_native.available(), reason="the CPU lacks AVX-512 VNNI (or no C compiler)")
+from pipeline.llm.runner import greedy
 
 SPECIAL = [float("nan"), float("inf"), float("-inf"), 0.0, -0.0, 1.0, -1.0]
 
@@ -20,7 +18,7 @@ def _expected(x: torch.Tensor) -> list[int]:
     return torch.argmax(x.float(), dim=-1).tolist()
 
 
-@needs_kernel
+@pytest.mark.native
 @given(rows=st.integers(1, 9), n=st.integers(1, 200), seed=st.integers(0, 10_000),
        levels=st.integers(1, 6), specials=st.lists(st.tuples(st.integers(0, 10_000), st.sampled_from(SPECIAL)),
                                                     max_size=6))
@@ -34,7 +32,7 @@ def test_the_kernel_gives_torch_argmax_on_any_logits(rows, n, seed, levels, spec
     assert greedy.argmax(x) == _expected(x)
 
 
-@needs_kernel
+@pytest.mark.native
 def test_a_real_vocabulary_row_by_row_and_in_a_strided_view(monkeypatch):
     g = torch.Generator().manual_seed(0)
     x = torch.randn(8, 151936, generator=g).to(torch.bfloat16)

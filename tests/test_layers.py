@@ -1,6 +1,8 @@
 """The import graph keeps the layout's promises (README "Layout"): no import runs from a
-lower room to a higher one, sibling stages meet only through their ``types`` modules, and
-torch stays behind the LLM runner's fence. Static (ast): no module is imported."""
+lower room to a higher one, sibling stages meet only through their ``types`` modules,
+torch stays behind the LLM runner's fence, no two files and no two folders import each
+other in a circle (tests/import_graph.py), and no module takes another's private name.
+Static (ast): no module is imported."""
 
 from __future__ import annotations
 
@@ -9,14 +11,26 @@ from pathlib import Path
 
 import pytest
 
+from tests import import_graph
+from tests.import_graph import (
+    Tree,
+    circles,
+    describe_file_circle,
+    describe_folder_circle,
+    file_graph,
+    folder_graph,
+    private_imports,
+)
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("audio", "pipeline", "server", "clients", "cli", "bench")
-INFRA = {"pipeline.config", "pipeline.serving_config", "pipeline.worker", "pipeline.metrics",
-         "pipeline.model_files", "pipeline.cpu_share", "pipeline"}
+INFRA = {"pipeline.config", "pipeline.config_fields", "pipeline.serving_config", "pipeline.worker", "pipeline.errors",
+         "pipeline.metrics", "pipeline.model_files", "pipeline.cpu_share", "pipeline"}
 INFRA_ROOMS = ("serving",)  # pure serving policies (admission, ...): beside the infrastructure
 STAGES = ("asr", "llm", "tts")
 RANK = {"audio": 0, "infra": 1, "asr": 2, "llm": 2, "tts": 2, "engines": 3, "session": 4, "server": 5,
         "clients": 6, "bench": 7, "cli": 8}
+TREE = Tree(ROOT, PACKAGES)
 TORCH_ALLOWED = ("pipeline/llm/runner/", "pipeline/llm/loader.py", "pipeline/tts/coqui_loader.py",
                  "bench/")  # bench: int8 rows, WER normalizer, the random VITS
 
@@ -44,35 +58,22 @@ def room(module: str) -> str | None:
 
 
 def module_name(path: Path) -> str:
-    rel = path.relative_to(ROOT).with_suffix("")
-    parts = list(rel.parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
+    return import_graph.module_name(path.relative_to(ROOT))
 
 
 def imports(path: Path) -> list[str]:
-    """Absolute names of every module ``path`` imports (relative imports resolved)."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    package = module_name(path).rsplit(".", 1)[0] if path.name != "__init__.py" else module_name(path)
+    """Absolute names of every module ``path`` imports (relative imports resolved), and of
+    each first-party module named in a ``from`` import."""
+    rel = path.relative_to(ROOT)
     out: list[str] = []
-    for node in ast.walk(tree):
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
             out += [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join(anchor + ([base] if base else []))
+            base = import_graph.from_base(rel, node)
             out.append(base)
-            out += [f"{base}.{a.name}" for a in node.names if _is_module(f"{base}.{a.name}")]
+            out += [f"{base}.{a.name}" for a in node.names if TREE.resolve(f"{base}.{a.name}") is not None]
     return out
-
-
-def _is_module(name: str) -> bool:
-    """True for a first-party module (``from pipeline import metrics``), not a class or function."""
-    path = ROOT / Path(*name.split("."))
-    return name.split(".")[0] in PACKAGES and (path.with_suffix(".py").exists() or path.is_dir())
 
 
 SOURCES = sorted(p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py"))
@@ -97,8 +98,6 @@ def test_imports_go_down_or_through_types(path: Path):
             continue
         if mine in STAGES and theirs in STAGES and target.endswith(".types"):
             continue  # sibling stages meet through their message types only
-        if mine == "clients" and target == "server.protocol":
-            continue  # the wire codec is shared by the server and its clients
         if target == "pipeline" or target in ("server", "clients", "bench", "cli", "audio"):
             continue  # bare package (``from pipeline import metrics`` resolves below)
         pytest.fail(f"{me} ({mine}) imports {target} ({theirs}): a lower or sibling room may not depend on it")
@@ -111,3 +110,128 @@ def test_torch_stays_behind_the_runner_fence(path: Path):
         return
     heavy = [t for t in imports(path) if t.split(".")[0] in ("torch", "transformers")]
     assert not heavy, f"{rel} imports {heavy}: torch and transformers belong in pipeline/llm/runner/ or the loader"
+
+
+# ---- circles --------------------------------------------------------------------------
+
+
+FOLDER_ARROWS_TO_TURN = {
+    ("pipeline/llm/runner", "pipeline/llm"):
+        "runner.py takes SamplingParams, SchedRequest, StepPlan from llm/types.py, while the engine "
+        "imports the runner: the types the runner executes belong below it (or the runner states them "
+        "as protocols)",
+    ("pipeline", "pipeline/asr"): "engines.py and stages.py compose the stages from pipeline/, the folder "
+                                  "the stages take their config and worker from: the composition needs "
+                                  "its own folder",
+    ("pipeline", "pipeline/llm"): "as pipeline -> pipeline/asr (engines.py, stages.py)",
+    ("pipeline", "pipeline/tts"): "as pipeline -> pipeline/asr (engines.py, stages.py)",
+    ("pipeline", "pipeline/serving"):
+        "worker.py takes the fault injector and the OOM ladder from serving/, config.py parses fault "
+        "rules with serving/faults.py, engines.py imports admission; serving/ takes config, errors and "
+        "metrics from pipeline/: worker.py belongs in serving/, the fault-rule grammar below it",
+    ("server/realtime", "server"):
+        "realtime/outbox.py subclasses server/outbox.py's WsOutbox and realtime/wire.py uses "
+        "server/protocol.py's json_kind, while server/app.py composes realtime: the pieces both wire "
+        "formats share need a folder of their own",
+}
+"""Folder arrows that close a circle today, each with what ties it and the move that turns it.
+Issue 30 wants none: the test fails on any other circle, and on an entry that no longer
+exists (take it off)."""
+
+PRIVATE_USES_TO_REMOVE: set[tuple[str, str]] = set()
+"""Private names still taken across modules (none: keep it so). The test fails once an entry is
+gone: take it off."""
+
+
+@pytest.fixture(scope="module")
+def graph() -> dict[Path, set[Path]]:
+    return file_graph(TREE)
+
+
+def test_no_circle_between_files(graph):
+    found = circles(graph)
+    assert not found, "files that import each other:\n" + "\n".join(describe_file_circle(c, graph) for c in found)
+
+
+def test_no_circle_between_folders(graph):
+    folders = folder_graph(graph)
+    arrows = {(str(a), str(b)) for a, targets in folders.items() for b in targets}
+    stale = sorted(set(FOLDER_ARROWS_TO_TURN) - arrows)
+    assert not stale, f"no longer an arrow: take {stale} off FOLDER_ARROWS_TO_TURN"
+    rest = {a: [b for b in targets if (str(a), str(b)) not in FOLDER_ARROWS_TO_TURN] for a, targets in folders.items()}
+    found = circles(rest)
+    assert not found, "folders that import each other:\n" + "\n".join(
+        describe_folder_circle(c, folders) for c in found)
+
+
+def test_no_module_takes_another_modules_private_name():
+    found = {(str(rel), use.split(": ", 1)[1]): use for rel in TREE.files() for use in private_imports(TREE, rel)}
+    unknown = [f"{rel}:{use}" for (rel, name), use in found.items() if (rel, name) not in PRIVATE_USES_TO_REMOVE]
+    assert not unknown, "private names taken from another module (make them public where they belong):\n" + \
+        "\n".join(unknown)
+    stale = sorted(PRIVATE_USES_TO_REMOVE - set(found))
+    assert not stale, f"no longer used: take {stale} off PRIVATE_USES_TO_REMOVE"
+
+
+# ---- the checker itself, on planted circles ------------------------------------------------
+
+def test_circles_finds_each_planted_circle_and_nothing_else():
+    graph = {"a": ["b"], "b": ["c"], "c": ["a", "d"], "d": ["e"], "e": ["d"], "f": ["a", "f"], "g": []}
+    assert circles(graph) == [["a", "b", "c"], ["d", "e"]]  # f's arrow to itself is no circle
+    assert circles({"a": ["b"], "b": ["c"], "c": []}) == []
+    chain = {i: [i + 1] for i in range(5000)} | {5000: [0]}  # deep: no recursion limit
+    assert circles(chain) == [sorted(range(5001), key=str)]
+
+
+def _plant(root: Path, files: dict[str, str]) -> Tree:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text, encoding="utf-8")
+    return Tree(root, ("pkg",))
+
+
+def test_the_checker_sees_circles_hidden_in_functions_and_type_checking(tmp_path):
+    tree = _plant(tmp_path, {
+        "pkg/__init__.py": "",
+        "pkg/a.py": "from pkg.b import thing\n",
+        "pkg/b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import a\nthing = 1\n",
+        "pkg/c.py": "def late():\n    import pkg.d\n",
+        "pkg/d.py": "def later():\n    from .c import late\n",
+        "pkg/e.py": "import os\nfrom pkg import a\n",
+    })
+    graph = file_graph(tree)
+    assert graph[Path("pkg/e.py")] == {Path("pkg/a.py")}  # a module named in a from-import: no arrow to __init__
+    found = circles(graph)
+    assert found == [[Path("pkg/a.py"), Path("pkg/b.py")], [Path("pkg/c.py"), Path("pkg/d.py")]]
+    assert "pkg/b.py -> pkg/a.py" in describe_file_circle(found[0], graph)
+
+
+def test_the_checker_sees_a_circle_between_folders_without_one_between_files(tmp_path):
+    tree = _plant(tmp_path, {
+        "pkg/__init__.py": "",
+        "pkg/top.py": "from pkg.sub.low import x\n",
+        "pkg/base.py": "y = 1\n",
+        "pkg/sub/__init__.py": "",
+        "pkg/sub/low.py": "from ..base import y\nx = y\n",
+        "pkg/other/__init__.py": "from pkg.sub import low\n",  # the folder pkg/other itself imports pkg/sub
+    })
+    graph = file_graph(tree)
+    assert circles(graph) == []
+    folders = folder_graph(graph)
+    found = circles(folders)
+    assert found == [[Path("pkg"), Path("pkg/sub")]]
+    text = describe_folder_circle(found[0], folders)
+    assert "pkg -> pkg/sub: pkg/top.py -> pkg/sub/low.py" in text
+    assert "pkg/sub -> pkg: pkg/sub/low.py -> pkg/base.py" in text
+
+
+def test_the_checker_sees_private_names_taken_from_another_module(tmp_path):
+    tree = _plant(tmp_path, {
+        "pkg/__init__.py": "",
+        "pkg/lib.py": "def _helper(): ...\n__all__ = []\n",
+        "pkg/user.py": "from pkg.lib import _helper\nfrom pkg import lib\nimport pkg.lib as l2\n"
+                       "lib._helper()\nl2._helper()\nprint(lib.__all__)\nfrom os import _exit\n",
+    })
+    assert private_imports(tree, Path("pkg/user.py")) == [
+        "1: from pkg.lib import _helper", "4: pkg.lib._helper", "5: pkg.lib._helper"]
+    assert private_imports(tree, Path("pkg/lib.py")) == []

@@ -10,11 +10,11 @@ import time
 import pytest
 
 from pipeline.config import LlmConfig, SchedulerConfig
+from pipeline.errors import Busy
 from pipeline.llm.engine import LlmEngine
 from pipeline.llm.loader import load_llm
 from pipeline.llm.types import FinishReason, GenRequest
 from pipeline.session.history import ChatHistory
-from pipeline.worker import Busy
 
 pytestmark = pytest.mark.slow
 

@@ -339,9 +339,9 @@ async def test_slots_queue_busy_and_abort_on_a_stalled_server():
     """Against a server that accepts and never answers (the relay stalling): ``slots``
     requests go out, ``queue_size`` wait, the next is ``Busy``; abort ends each stream at once
     (also one still waiting) and closes its connection; the breaker hears of none of them."""
+    from pipeline.errors import Busy
     from pipeline.llm.remote import OpenAiLlm
     from pipeline.llm.types import FinishReason, GenRequest
-    from pipeline.worker import Busy
 
     class Guard:
         calls: list[tuple[float, bool]] = []

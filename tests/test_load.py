@@ -1,4 +1,4 @@
-"""Disconnects and bursts against the real server (CASES C09, C10, C12)."""
+"""Disconnects, bursts and a client that never reads, against the real server."""
 
 from __future__ import annotations
 
@@ -83,7 +83,7 @@ def rss_mb(pid: int) -> float:
 
 
 async def test_client_that_never_reads_does_not_hurt_others(server):
-    """C11: a client asks for a long reply and never reads; memory stays bounded and
+    """A client asks for a long reply and never reads; memory stays bounded and
     another session is served normally."""
     import json
 

@@ -123,7 +123,8 @@ def test_tts_speaks_words_and_skips_empty():
 
 
 async def test_worker_batches_and_reports_busy():
-    from pipeline.worker import BatchWorker, Busy
+    from pipeline.errors import Busy
+    from pipeline.worker import BatchWorker
 
     class Echo(BatchWorker[int, int]):
         def __init__(self):

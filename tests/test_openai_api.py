@@ -23,8 +23,8 @@ from websockets.asyncio.client import connect
 
 from pipeline.config import AdmissionConfig, LlmConfig, ServerConfig, VoxpipeConfig
 from pipeline.engines import load_stage
+from pipeline.errors import Busy
 from pipeline.llm.types import PRIORITY_TEXT
-from pipeline.worker import Busy
 from server.openai_api import model_id
 from tests.fake_server import Running, fake_server
 from tests.fakes import FakeLlm, LlmReply, fake_engines

@@ -1,4 +1,4 @@
-"""PCM decoding: odd byte counts, formats, channels, resampling (CASES C04, C06, C07)."""
+"""PCM decoding: odd byte counts, formats, channels, resampling."""
 
 import numpy as np
 import pytest
@@ -102,12 +102,12 @@ def test_f32_after_leading_silence_is_still_caught():
 
 def test_client_frames_round_pcm16_exactly(tmp_path):
     from audio.wav import write_wav
-    from clients.client import _pcm16_frames
+    from clients.turn import pcm16_frames
 
     x = np.arange(-16000, 16000, 7, dtype=np.int16)  # |x| < 16384: x * 32767 / 32768 rounds back to x
     path = tmp_path / "ramp.wav"
     write_wav(path, x, 16000)
-    frames, rate, ch = _pcm16_frames(str(path))
+    frames, rate, ch = pcm16_frames(str(path))
     got = np.frombuffer(b"".join(frames), dtype="<i2")
     assert rate == 16000 and ch == 1
     assert np.array_equal(got, x)  # truncation made every non-zero sample one step smaller

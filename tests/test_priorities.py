@@ -14,8 +14,9 @@ from pipeline.asr.engine import AsrEngine
 from pipeline.asr.turn import AsrTurn
 from pipeline.asr.types import AsrRequest, DecodeRequest
 from pipeline.config import AdmissionConfig, AsrConfig
+from pipeline.errors import Busy
 from pipeline.serving.admission import Admission, Load
-from pipeline.worker import BatchWorker, Busy
+from pipeline.worker import BatchWorker
 from tests.fakes import FakeAsr, tone
 
 

@@ -12,8 +12,8 @@ from typing import get_args
 import jsonschema
 import pytest
 
+from pipeline.errors import BusyReason
 from pipeline.session import events as ev
-from pipeline.worker import BusyReason
 from server.protocol import encode_event, json_schema
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -12,10 +12,10 @@ import pytest
 
 from pipeline import metrics
 from pipeline.config import TurnConfig, VoxpipeConfig
+from pipeline.errors import Busy
 from pipeline.serving.admission import Admission
 from pipeline.session import events as ev
 from pipeline.session.replies import BUSY_JITTER, jittered_retry_ms, send_busy
-from pipeline.worker import Busy
 from server.protocol import ProtocolError, json_schema, parse_client_event
 from tests.fakes import FakeAsr, FakeLlm, LlmReply, fake_engines, noise, silence, tone
 from tests.session_harness import (

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.llm.runner import q4_native, quant_linear
+from pipeline.llm.runner import native, quant_linear
 from pipeline.llm.runner.quant_linear import (
     MAX_ROWS,
     NATIVE_MAX_ROWS,
@@ -125,7 +125,7 @@ ulp apart in bf16, and quantizing activations to int8 per 32 turns an ulp into u
 of a logit (measured 8e-3 on the request below)."""
 
 
-@pytest.mark.skipif(not q4_native.available(), reason="the CPU lacks AVX-512 VNNI (or no C compiler)")
+@pytest.mark.native
 def test_native_int4_batching_changes_a_reply_only_at_a_near_tie(monkeypatch):
     model = _tiny_bf16()
     assert len(quantize_linears(model, "int4", max_rows=None).quantized) == 15
@@ -182,7 +182,7 @@ def test_the_kernel_keeps_no_bf16_copy_by_default_except_on_amx(monkeypatch):
     assert native_max_rows("processor: 0\n") is None
     # quantize_linears' default follows it where voxpipe's kernel runs
     monkeypatch.setattr(quant_linear, "native_max_rows", lambda: 5)
-    if q4_native.available():
+    if native.available():
         model = torch.nn.Sequential(_linear(64, 128))
         quantize_linears(model, "int4")
         assert model[0].native and model[0].max_rows == 5 and model[0].dense is not None

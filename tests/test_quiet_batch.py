@@ -14,10 +14,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from websockets.asyncio.client import connect
 
+from audio.pcm import RATE
 from pipeline.session import events as ev
 from pipeline.session.quiet_batch import QUIET_BATCH_MS, QuietBatcher
 from tests.fake_server import fake_server
-from tests.fakes import RATE, EnergyVadStream, fake_engines, silence, tone
+from tests.fakes import EnergyVadStream, fake_engines, silence, tone
 from tests.session_harness import Audio, Harness, InputEnd, Start, WaitFor
 from tests.test_edge import config, until
 

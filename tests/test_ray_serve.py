@@ -1,7 +1,7 @@
 """voxpipe's model stages as Ray Serve deployments, on a real local Ray instance (loopback).
 
 1. Back-pressure: Serve's ``BackPressureError`` and a replica's ``Busy`` reach the session
-   as :class:`~pipeline.worker.Busy` (scripted deployments, no model); aborting a remote
+   as :class:`~pipeline.errors.Busy` (scripted deployments, no model); aborting a remote
    reply cancels the replica's generator.
 2. A spoken turn end to end through ``voxpipe serve --ray`` (SmolLM2, fp32 greedy): a real
    clip in over a real WebSocket, transcript and reply audio out; the reply equals the
@@ -41,11 +41,11 @@ from audio.pcm import resample
 from audio.wav import read_mono
 from clients.client import ask
 from pipeline.config import VoxpipeConfig
+from pipeline.errors import Busy
 from pipeline.llm.types import GenRequest, GenStats
 from pipeline.remote.clients import RemoteLlm, RemoteTts
 from pipeline.remote.types import StageUnavailable
 from pipeline.tts.types import Speech
-from pipeline.worker import Busy
 from server.ingress import build_ingress_app
 from tests.conftest import free_port, running_server
 from tests.wsclient import Client, wer

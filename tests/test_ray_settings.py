@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.config import LlmConfig, SchedulerConfig, VoxpipeConfig
+from pipeline.errors import Busy
 from pipeline.remote.settings import (
     FRONTEND_SECTIONS,
     capacity,
@@ -20,7 +21,6 @@ from pipeline.remote.settings import (
 )
 from pipeline.remote.stats import STALE_S, StatsCache
 from pipeline.remote.types import ReplicaStats, StageLoad, StageUnavailable
-from pipeline.worker import Busy
 
 ROOT = Path(__file__).resolve().parent.parent
 YAML = ROOT / "deploy" / "ray-serve.yaml"
@@ -159,11 +159,11 @@ def test_rays_exceptions_become_voxpipes():
 
 
 def test_serve_ray_flags():
-    from cli.main import _parser
+    from cli.main import build_parser
     from cli.serve import ray_options as _ray_options
 
     def opts(*argv: str):
-        return _ray_options(_parser().parse_args(["serve", *argv]))
+        return _ray_options(build_parser().parse_args(["serve", *argv]))
 
     assert opts() is None
     assert opts("--ray", "auto", "--ray-replicas", "llm=2", "--ray-config", "x.yaml") == {

@@ -16,13 +16,13 @@ from openai import AsyncOpenAI
 from audio.pcm import resample
 from audio.wav import read_mono
 from pipeline.config import VoxpipeConfig
-from pipeline.worker import Busy
+from pipeline.errors import Busy
+from server.realtime.types import REALTIME_RATE
 from tests.fake_server import fake_server
 from tests.fakes import FakeLlm, LlmReply, fake_engines
 from tests.wsclient import CONTROL_DEADLINE_S, MODEL_DEADLINE_S, wer
 
-RATE = 24000
-CHUNK = RATE // 10  # 100 ms appends
+CHUNK = REALTIME_RATE // 10  # 100 ms appends
 JFK = "en_jfk_inaugural_1961.wav"
 ONE_BREATH = "en_librispeech_1988-24833-0003.wav"
 """5 s of speech without a pause over 0.1 s: one turn under server VAD (JFK pauses 1.1 s
@@ -36,7 +36,7 @@ def pcm24(x: np.ndarray) -> bytes:
 
 def tone24(ms: float) -> np.ndarray:
     """A loud sine at 24 kHz: speech with words to the fake VAD and ASR."""
-    t = np.arange(int(ms * RATE / 1000)) / RATE
+    t = np.arange(int(ms * REALTIME_RATE / 1000)) / REALTIME_RATE
     return (0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32)
 
 
@@ -51,7 +51,7 @@ async def append(conn, x: np.ndarray, speed: float | None = None) -> None:
     data, t0 = pcm24(x), time.perf_counter()
     for i in range(0, len(data), 2 * CHUNK):
         if speed is not None:
-            await asyncio.sleep(max(0.0, t0 + i / 2 / RATE / speed - time.perf_counter()))
+            await asyncio.sleep(max(0.0, t0 + i / 2 / REALTIME_RATE / speed - time.perf_counter()))
         await conn.input_audio_buffer.append(audio=base64.b64encode(data[i:i + 2 * CHUNK]).decode())
 
 
@@ -90,7 +90,7 @@ async def test_server_vad_turn_maps_onto_ga_events():
         await conn.session.update(session={"type": "realtime", "instructions": "Be brief.",
                                            "audio": {"input": {"format": {"type": "audio/pcm", "rate": 24000},
                                                                "turn_detection": {"type": "server_vad"}}}})
-        await append(conn, np.concatenate([tone24(1200), np.zeros(RATE, np.float32)]))
+        await append(conn, np.concatenate([tone24(1200), np.zeros(REALTIME_RATE, np.float32)]))
         events = await collect(conn, is_done)
     names = types(events)
     assert names[:2] == ["session.created", "session.updated"]
@@ -111,7 +111,7 @@ async def test_server_vad_turn_maps_onto_ga_events():
     assert done.status == "completed" and done.id.startswith("resp_") and done.usage.output_tokens == 1
     assert done.output[0].content[0].transcript == "Okay."
     assert all(e.event_id.startswith("event_") for e in events)
-    assert len(audio_of(events)) == int(len("Okay.") * 0.02 * RATE)  # FakeTts: 20 ms per character
+    assert len(audio_of(events)) == int(len("Okay.") * 0.02 * REALTIME_RATE)  # FakeTts: 20 ms per character
 
 
 async def test_beta_client_gets_beta_names_and_session_shape():
@@ -120,7 +120,7 @@ async def test_beta_client_gets_beta_names_and_session_shape():
     async with fake_server() as srv, client(srv.port).beta.realtime.connect(model="voxpipe") as conn:
         await conn.session.update(session={"input_audio_format": "pcm16", "output_audio_format": "pcm16",
                                            "turn_detection": {"type": "server_vad"}})
-        await append(conn, np.concatenate([tone24(800), np.zeros(RATE, np.float32)]))
+        await append(conn, np.concatenate([tone24(800), np.zeros(REALTIME_RATE, np.float32)]))
         events = await collect(conn, is_done)
     names = types(events)
     assert events[0].session.input_audio_format == "pcm16"
@@ -196,7 +196,7 @@ async def test_manual_turn_waits_for_commit_and_response_create():
         assert events[-1].session.audio.input.turn_detection is None
         await conn.input_audio_buffer.commit()
         assert (await collect(conn, lambda e: e.type == "error"))[-1].error.code == "input_audio_buffer_commit_empty"
-        await append(conn, np.concatenate([tone24(800), np.zeros(RATE, np.float32)]))
+        await append(conn, np.concatenate([tone24(800), np.zeros(REALTIME_RATE, np.float32)]))
         await conn.input_audio_buffer.commit()
         events = await collect(conn, lambda e: e.type == "conversation.item.added")  # after .committed
         with pytest.raises(TimeoutError):  # committed, not answered: the client has not asked yet
@@ -244,7 +244,7 @@ async def test_token_is_the_api_key():
 
 def clip24(audio_dir, name: str = JFK) -> np.ndarray:
     x, sr = read_mono(audio_dir / name)
-    return resample(x, sr, RATE)
+    return resample(x, sr, REALTIME_RATE)
 
 
 @pytest.mark.slow
@@ -256,7 +256,7 @@ async def test_real_speech_through_the_openai_realtime_client(server, audio_dir,
     async with client(port).realtime.connect(model="voxpipe") as conn:
         await conn.session.update(session={"type": "realtime", "instructions": "Answer in one short sentence."})
         await collect(conn, lambda e: e.type == "session.updated")
-        x = np.concatenate([clip24(audio_dir, ONE_BREATH), np.zeros(2 * RATE, np.float32)])
+        x = np.concatenate([clip24(audio_dir, ONE_BREATH), np.zeros(2 * REALTIME_RATE, np.float32)])
         sender = asyncio.create_task(append(conn, x, speed=2.0))
         events = await collect(conn, is_done, MODEL_DEADLINE_S)
         await sender
@@ -271,7 +271,7 @@ async def test_real_speech_through_the_openai_realtime_client(server, audio_dir,
     deltas = "".join(e.delta for e in events if e.type == "conversation.item.input_audio_transcription.delta")
     assert wer(ref, deltas) <= 0.3, deltas
     reply = audio_of(events)
-    assert len(reply) > 0.5 * RATE and np.abs(reply).max() > 0.05
+    assert len(reply) > 0.5 * REALTIME_RATE and np.abs(reply).max() > 0.05
     said = [e for e in events if e.type == "response.output_audio_transcript.done"][-1].transcript
     written = "".join(e.delta for e in events if e.type == "response.output_audio_transcript.delta")
     assert said.strip() and said == written
@@ -320,7 +320,7 @@ async def test_clear_drops_speech_in_progress_and_the_session_cap_holds():
         with pytest.raises(Exception, match="503"):
             async with client(srv.port).realtime.connect(model="voxpipe") as other:
                 await other.recv()
-        await append(conn, np.concatenate([tone24(600), np.zeros(RATE, np.float32)]))
+        await append(conn, np.concatenate([tone24(600), np.zeros(REALTIME_RATE, np.float32)]))
         events = await collect(conn, is_done, seen=events)
     names = types(events)
     assert names.count("input_audio_buffer.speech_started") == 2 and names.count("response.created") == 1

@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 
 from pipeline.config import LlmConfig, TurnConfig, VoxpipeConfig
+from pipeline.errors import Busy
 from pipeline.llm.types import PRIORITY_VOICE
 from pipeline.session import events as ev
 from pipeline.session.responder import EMPTY_REPLY
 from pipeline.session.turn_state import Phase
-from pipeline.worker import Busy
 from tests.fakes import FakeAsr, FakeLlm, FakeTts, LlmReply, fake_engines, noise, silence, tone
 from tests.session_harness import (
     Audio,

@@ -1,4 +1,4 @@
-"""Speaking back: cancel/restart, pacing, empty replies (CASES C13, C18)."""
+"""Speaking back: cancel/restart, pacing, empty replies."""
 
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ async def test_reply_audio_is_paced_near_real_time(server):
 
 
 class _FakeStream:
-    """An LLM stream that ends at once, like a model emitting EOS first (C13)."""
+    """An LLM stream that ends at once, like a model emitting EOS first."""
 
     def __init__(self, deltas):
         self._deltas = list(deltas)

@@ -1,4 +1,4 @@
-"""Cold start (CASES C17): ready only after warm-up; the first turn costs about what the later ones do."""
+"""Cold start: ready only after warm-up; the first turn costs about what the later ones do."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ import jiwer
 import numpy as np
 from websockets.asyncio.client import connect
 
-from server.protocol import parse_audio_frame
+from audio.frames import parse_audio_frame
 
 _NORMALIZER = None
 

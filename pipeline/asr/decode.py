@@ -30,13 +30,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from audio.pcm import RATE
 from pipeline.asr.agreement import join_words, split_words, word_spans
 from pipeline.asr.guards import STOCK_NO_SPEECH, check_continuation, trailing_loop
 from pipeline.asr.types import DecodeRequest, DecodeResult, TimedWord
 from pipeline.config import AsrConfig
 from pipeline.serving.ladder import is_oom
 
-RATE = 16000
 HOP = 160
 """Samples per feature frame (10 ms)."""
 FRAMES_PER_S = RATE // HOP

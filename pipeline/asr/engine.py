@@ -17,6 +17,7 @@ import time
 
 import numpy as np
 
+from audio.pcm import RATE
 from pipeline.asr.decode import BatchDecoder
 from pipeline.asr.guards import cut_repetition
 from pipeline.asr.types import AsrRequest, DecodeRequest, DecodeResult, Transcript
@@ -26,7 +27,6 @@ from pipeline.worker import BatchWorker
 
 logger = logging.getLogger(__name__)
 
-RATE = 16000
 
 
 class AsrEngine(BatchWorker[DecodeRequest | AsrRequest, DecodeResult | Transcript]):

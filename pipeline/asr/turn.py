@@ -26,10 +26,11 @@ from collections.abc import Awaitable, Callable
 
 import numpy as np
 
+from audio.pcm import RATE
 from pipeline.asr.stream import StreamingTranscript
 from pipeline.asr.types import DecodeRequest, DecodeResult, Partial
 from pipeline.config import AsrConfig
-from pipeline.worker import Busy
+from pipeline.errors import Busy
 
 logger = logging.getLogger(__name__)
 
@@ -116,7 +117,7 @@ class AsrTurn:
         self.last_decode_ms = result.decode_ms
         self.decode_ms += result.decode_ms
         logger.debug("asr update: %.1f s buffer, %.0f ms, batch %d, window %.0f s, %r%s",
-                     len(req.audio) / 16000, result.decode_ms, result.batch, result.window_s, result.text,
+                     len(req.audio) / RATE, result.decode_ms, result.batch, result.window_s, result.text,
                      f" (dropped: {result.dropped})" if result.dropped else "")
         return self.stream.apply(result)
 
@@ -180,7 +181,7 @@ class AsrTurn:
                 raise ValueError("buffer longer than one window")
             req = self.stream.peek_request(drop_tail=drop_tail)
             result = await self._run(req, urgent=True)
-        logger.debug("asr peek: %.1f s buffer, prefix %r, %.0f ms, %r", len(req.audio) / 16000, req.prefix,
+        logger.debug("asr peek: %.1f s buffer, prefix %r, %.0f ms, %r", len(req.audio) / RATE, req.prefix,
                      result.decode_ms, result.text)
         self.last_decode_ms = result.decode_ms
         self.decode_ms += result.decode_ms

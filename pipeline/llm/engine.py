@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from pipeline import metrics
 from pipeline.config import LlmConfig, SchedulerConfig
 from pipeline.cpu_share import SHARE
+from pipeline.errors import Busy
 from pipeline.llm import memory
 from pipeline.llm.detok import IncrementalDetokenizer, StopStrings
 from pipeline.llm.runner.runner import ModelRunner
@@ -31,7 +32,7 @@ from pipeline.llm.stream import TokenStream
 from pipeline.llm.types import FinishReason, GenRequest, SamplingParams, SchedRequest, State, StepPlan
 from pipeline.serving.faults import NO_FAULTS, FaultInjector, injected
 from pipeline.serving.ladder import free_cached_memory, is_oom, release_free_memory
-from pipeline.worker import MAX_OOM_RETRIES, Busy, CallGuard, name_native_thread
+from pipeline.worker import MAX_OOM_RETRIES, CallGuard, name_native_thread
 
 if TYPE_CHECKING:
     from pipeline.llm.loader import LoadedLLM
@@ -341,9 +342,10 @@ class LlmEngine:
 
     def _pick_threads(self) -> None:
         """Borrow the idle cores for this step: ``burst_threads`` while no ASR/TTS call is
-        in progress, else ``threads`` (:mod:`pipeline.cpu_share`)."""
+        in progress, else ``threads`` (:mod:`pipeline.cpu_share`; ``burst_threads`` None: no burst)."""
         cfg = self.cfg
-        want = cfg.burst_threads if cfg.burst_threads > cfg.threads and not SHARE.others_working else cfg.threads
+        burst = cfg.burst_threads or 0
+        want = burst if burst > cfg.threads and not SHARE.others_working else cfg.threads
         if want != self._threads_now:
             self.runner.set_threads(want)
             self._threads_now = want

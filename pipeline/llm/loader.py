@@ -1,8 +1,8 @@
 """Load the chat LLM with transformers: GGUF → safetensors cache folder → model.
 
-transformers dequantizes GGUF on every load (24 s for SmolLM2, 64 s for Qwen 0.5B on
-this CPU, DESIGN.md §3), so the first load converts once into
-``$VOXPIPE_CACHE/llm/<name>`` and later loads read that folder (under 2 s).
+transformers dequantizes GGUF on every load, which takes tens of seconds on a CPU, so the
+first load converts once into ``$VOXPIPE_CACHE/llm/<name>`` and later loads read that
+folder (safetensors: no dequantizing).
 """
 
 from __future__ import annotations
@@ -185,7 +185,7 @@ def load_llm(name: str, *, device: str = "auto", threads: int | None = None,
     Args:
         name: ``qwen``, ``smollm2`` or a local folder.
         device: one of :data:`DEVICES` or ``cuda:N`` (``auto``: :func:`resolve_device`).
-        threads: torch intra-op threads on CPU (DESIGN.md: give each engine a budget).
+        threads: torch intra-op threads on CPU (each engine gets its own budget of cores).
         quant_head: with ``cpu-int4``/``cpu-int8``, quantize the LM head too (None: when
             it is not tied to the input embedding, :func:`~pipeline.llm.runner.quant_linear.quantize_linears`).
         native_int4: with ``cpu-int4``, voxpipe's own kernel (None: where the CPU has it;

@@ -9,7 +9,7 @@ loaded here. :class:`OpenAiLlm` implements :class:`~pipeline.stages.LlmStage` wi
   the same coalescing :class:`~pipeline.llm.stream.TokenStream`.
 - **Bounded:** at most ``slots`` requests are in flight to the server (``--max-batch-size``);
   up to ``queue_size`` more wait here; :meth:`OpenAiLlm.submit` raises
-  :class:`~pipeline.worker.Busy` beyond that, the session's ``busy`` path.
+  :class:`~pipeline.errors.Busy` beyond that, the session's ``busy`` path.
 - **Abort** (barge-in, disconnect, a cancelled reply) cancels the request's task, which
   closes its HTTP response: the server sees the connection close mid-stream and can stop
   generating.
@@ -47,11 +47,12 @@ from typing import Any
 import openai
 
 from pipeline.config import VoxpipeConfig
+from pipeline.errors import Busy
 from pipeline.llm.counting import Counter, load_counter
 from pipeline.llm.stream import TokenStream
 from pipeline.llm.types import FinishReason, GenRequest, RemoteLlmError, RemoteLlmSpec, RemoteLlmUnavailable
 from pipeline.serving.faults import NO_FAULTS, FaultInjector
-from pipeline.worker import Busy, CallGuard
+from pipeline.worker import CallGuard
 
 logger = logging.getLogger(__name__)
 

@@ -21,12 +21,12 @@ from typing import Any, cast
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
 from pipeline.asr.types import AsrRequest, DecodeRequest, DecodeResult, Transcript
+from pipeline.errors import Busy
 from pipeline.llm.types import FinishReason, GenRequest, GenStats
 from pipeline.remote.errors import translate
 from pipeline.remote.stats import StatsCache, StatsPoller
 from pipeline.remote.types import RemoteStageName, ReplicaStats, StageUnavailable
 from pipeline.tts.types import Speech
-from pipeline.worker import Busy
 
 logger = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
 """Ray's exceptions as voxpipe's: what a session already knows how to report.
 
 - Serve's ``BackPressureError`` (a caller's queue for the deployment is full) and a
-  replica's :class:`~pipeline.worker.Busy` (its engine's queue is full, its breaker is open)
-  become :class:`~pipeline.worker.Busy`, with the replica's reason and retry hint: the
+  replica's :class:`~pipeline.errors.Busy` (its engine's queue is full, its breaker is open)
+  become :class:`~pipeline.errors.Busy`, with the replica's reason and retry hint: the
   session sends the same typed ``busy`` event as for an in-process stage.
 - A replica that died or cannot be reached (``RayActorError``: ``ActorDiedError``,
   ``ActorUnavailableError``), a request Serve could not route or run, or any error the
@@ -16,8 +16,8 @@ from __future__ import annotations
 from ray.exceptions import RayActorError, RayError, RayTaskError
 from ray.serve.exceptions import BackPressureError, RayServeException
 
+from pipeline.errors import Busy
 from pipeline.remote.types import StageUnavailable
-from pipeline.worker import Busy
 
 BACKPRESSURE_RETRY_MS = 1000
 """``retry_after_ms`` of a ``busy`` from Serve's back-pressure when Serve gives none."""

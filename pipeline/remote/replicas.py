@@ -9,7 +9,7 @@ policies that guard an engine (out-of-memory ladder, circuit breaker, injected f
 inside the replica too, with their own :class:`~pipeline.serving.governor.Governor`.
 
 Errors cross the process boundary as Ray wraps them (``RayTaskError`` with the
-original as ``cause``): :class:`~pipeline.worker.Busy` keeps its ``reason`` and
+original as ``cause``): :class:`~pipeline.errors.Busy` keeps its ``reason`` and
 ``retry_after_ms``. :mod:`pipeline.remote.errors` maps them back in the front end.
 """
 
@@ -30,13 +30,13 @@ from ray.serve.handle import DeploymentHandle
 from pipeline.asr.types import AsrRequest, DecodeRequest, DecodeResult, Transcript
 from pipeline.config import VoxpipeConfig
 from pipeline.engines import load_stage
+from pipeline.errors import Busy
 from pipeline.llm.types import GenRequest, GenStats
 from pipeline.remote.settings import STAGE_SECTIONS, config_from_user
 from pipeline.remote.types import INGRESS_NAME, RemoteStageName, ReplicaStats
 from pipeline.serving.faults import FaultInjector, injected, parse_rules
 from pipeline.serving.governor import TICK_S, Governor
 from pipeline.tts.types import Speech
-from pipeline.worker import Busy
 
 logger = logging.getLogger(__name__)
 

@@ -50,8 +50,8 @@ Neither rule refuses a turn while the server is idle (no other user waiting for 
 audio, nothing queued; replies already playing only share decode steps): refusing it
 could not make anyone faster; on a slow machine the SLO is then
 missed by the machine, not by load. A turn that would overflow the LLM's KV budget gets
-reason ``memory``. This is the admission-control remedy of the design article
-(DESIGN.md §5): refuse early, before work is spent, rather than queue into tens of seconds.
+reason ``memory``. The rule of admission control: refuse early, before work is spent, rather
+than queue into tens of seconds (docs/ARCHITECTURE.md, admission and degradation).
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from pipeline.config import AdmissionConfig
-from pipeline.worker import Busy, BusyReason
+from pipeline.errors import Busy, BusyReason
 
 
 @dataclass(slots=True, frozen=True)
@@ -177,7 +177,7 @@ class Refusal:
     message: str
 
     def as_busy(self) -> Busy:
-        """The refusal as the :class:`~pipeline.worker.Busy` a stage would raise."""
+        """The refusal as the :class:`~pipeline.errors.Busy` a stage would raise."""
         return Busy(self.message, reason=self.reason, retry_after_ms=self.retry_after_ms)
 
 

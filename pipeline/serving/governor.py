@@ -32,12 +32,12 @@ from typing import cast
 
 from pipeline import metrics
 from pipeline.config import VoxpipeConfig
+from pipeline.errors import Busy
 from pipeline.serving.breaker import BreakerConfig, CircuitBreaker, State
 from pipeline.serving.faults import STAGES, FaultInjector, StageName
 from pipeline.serving.ladder import OomLadder
 from pipeline.serving.slo_adapt import SloAdapter
 from pipeline.serving.types import Condition, TurnPolicy
-from pipeline.worker import Busy
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,8 @@
 """The out-of-memory ladder of one model stage: each allocation failure steps it down a level.
 
-DESIGN.md §5's remedy for memory pressure (a stage dies for every client otherwise, as
-vLLM's engine does on CUDA OOM, vllm#52871):
+Degrade, don't die: the remedy for memory pressure (a stage dies for every client otherwise,
+as vLLM's engine does on CUDA OOM, vllm#52871; docs/ARCHITECTURE.md, admission and
+degradation):
 
 - step 1 (the first OOM): free cached memory (the CUDA caching allocator's blocks, prefix
   caches, the heap's free pages) and retry the call: the turn completes;

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from audio.pcm import RATE
 from audio.vad import WINDOW
 from pipeline.config import TurnConfig
 from pipeline.session.types import EndReason, SpeechEnd, SpeechPause, SpeechResume, SpeechStart, TurnEvent
-
-RATE = 16000
 
 
 class Endpointer:

@@ -6,7 +6,7 @@ validated strictly at the edge (:func:`server.protocol.parse_client_event`); ser
 events are built by the session as these classes and serialized only at the edge
 (:func:`server.protocol.encode_event`). Binary frames (audio) are not events: the client
 sends raw samples in its declared format, the server sends a 4-byte ``response_id``
-header + PCM16 (:func:`server.protocol.audio_frame`).
+header + PCM16 (:func:`audio.frames.audio_frame`).
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from audio.pcm import RATE
+from pipeline.errors import BusyReason
 from pipeline.serving.types import Condition
-from pipeline.worker import BusyReason
 
 PROTOCOL_VERSION = 1
 MAX_TEXT_CHARS = 8000
@@ -34,7 +35,7 @@ class SessionStart(_ClientEvent):
     """Start (or restart) a session and declare the audio formats."""
 
     type: Literal["session.start"]
-    sample_rate: int = Field(16000, ge=8000, le=48000, description="input rate (Hz)")
+    sample_rate: int = Field(RATE, ge=8000, le=48000, description="input rate (Hz)")
     format: Literal["pcm16", "f32"] = Field("pcm16", description="little-endian PCM16, or float32 in [-1, 1]")
     channels: int = Field(1, ge=1, le=2, description="1 (mono) or 2 (interleaved stereo)")
     output_sample_rate: int = Field(24000, ge=8000, le=48000, description="reply audio rate (Hz)")

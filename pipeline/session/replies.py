@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pipeline import metrics
 from pipeline.config import VoxpipeConfig
 from pipeline.engines import Engines
+from pipeline.errors import Busy
 from pipeline.serving.admission import ServiceTimes
 from pipeline.serving.governor import Governor
 from pipeline.session import events as ev
@@ -23,7 +24,6 @@ from pipeline.session.history import ChatHistory
 from pipeline.session.responder import Responder
 from pipeline.session.turn_state import TurnState
 from pipeline.session.types import Outbox, TurnHooks
-from pipeline.worker import Busy
 
 logger = logging.getLogger(__name__)
 

@@ -18,6 +18,7 @@ from audio.pcm import float_to_pcm16, resample
 from pipeline import metrics
 from pipeline.config import VoxpipeConfig
 from pipeline.engines import Engines
+from pipeline.errors import Busy
 from pipeline.llm.stream import stock_stream
 from pipeline.llm.types import PRIORITY_VOICE, FinishReason, GenRequest
 from pipeline.serving.admission import ServiceTimes
@@ -28,14 +29,13 @@ from pipeline.session.history import ChatHistory
 from pipeline.session.types import Outbox, TurnHooks
 from pipeline.stages import LlmStage, TextStream
 from pipeline.tts.chunker import SentenceChunker, speakable
-from pipeline.worker import Busy
 
 logger = logging.getLogger(__name__)
 
 AUDIO_CHUNK_S = 0.2
 """Reply audio is sent in binary frames of about this many seconds."""
 EMPTY_REPLY = "Sorry, I don't have an answer to that."
-"""Spoken when the LLM returns nothing speakable (CASES.md C13)."""
+"""Spoken when the LLM returns nothing speakable (an EOS first: tests/test_speaking.py)."""
 
 
 class Responder:

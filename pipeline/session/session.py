@@ -20,12 +20,13 @@ from typing import Any
 
 import numpy as np
 
-from audio.pcm import AudioFormatError, PcmDecoder, PcmFormat
+from audio.pcm import RATE, AudioFormatError, PcmDecoder, PcmFormat
 from pipeline import metrics
 from pipeline.asr.turn import AsrTurn
 from pipeline.asr.types import Partial
 from pipeline.config import VoxpipeConfig
 from pipeline.engines import Engines
+from pipeline.errors import Busy
 from pipeline.serving.admission import Admission
 from pipeline.serving.governor import Governor
 from pipeline.session import events as ev
@@ -38,7 +39,7 @@ from pipeline.session.status import StatusFeed
 from pipeline.session.turn_ids import TurnIds
 from pipeline.session.turn_runner import TurnRunner
 from pipeline.session.turn_state import TurnState
-from pipeline.session.turn_tracker import INLINE_VAD_SAMPLES, RATE, TurnTracker
+from pipeline.session.turn_tracker import INLINE_VAD_SAMPLES, TurnTracker
 from pipeline.session.types import Outbox, SpeechEnd, SpeechPause, SpeechResume, SpeechStart
 
 logger = logging.getLogger(__name__)

@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from audio.pcm import RATE
 from pipeline.config import TurnConfig
 from pipeline.session.endpointing import Endpointer
 from pipeline.session.types import SpeechEnd, TurnEvent
 from pipeline.stages import VadStream
 
-RATE = 16000
-"""Sample rate of the tracked stream (Hz)."""
 PREROLL = RATE
 """Audio always kept before the newest sample (samples: 1 s)."""
 

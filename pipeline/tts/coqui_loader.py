@@ -1,7 +1,8 @@
 """Load a Coqui TTS model folder the way Coqui's own ``Synthesizer._load_tts`` does
 (``load_config`` → ``setup_model`` → ``load_checkpoint(eval=True)``), on the CPU; never
-downloads. torch and coqui-tts are imported here only (the folder check and the engine,
-:mod:`pipeline.tts.coqui`, import neither)."""
+downloads. torch and coqui-tts are imported here only, inside the functions that need them
+(the folder check, :mod:`pipeline.tts.coqui_folder`, and the engine, :mod:`pipeline.tts.coqui`,
+import neither)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import sys
 import types
 from pathlib import Path
 
-from pipeline.tts.coqui import check_model_folder
+from pipeline.tts.coqui_folder import check_model_folder
 
 logger = logging.getLogger(__name__)
 

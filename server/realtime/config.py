@@ -10,7 +10,7 @@ from typing import Any
 from pipeline.config import VoxpipeConfig
 from pipeline.session.events import MAX_TEXT_CHARS
 
-from .types import BETA_SESSION_KEYS, RATE, Dialect, RealtimeError, Settings
+from .types import BETA_SESSION_KEYS, REALTIME_RATE, Dialect, RealtimeError, Settings
 
 MODEL = "voxpipe"
 """The ``model`` the session object reports (whatever ``?model=`` the client asked for)."""
@@ -66,9 +66,10 @@ def read_update(session: dict[str, Any], current: Settings) -> Settings:
 def _check_format(where: str, fmt: Any) -> None:
     if fmt is None or fmt == "pcm16":
         return
-    if isinstance(fmt, dict) and fmt.get("type", "audio/pcm") == "audio/pcm" and fmt.get("rate", RATE) == RATE:
+    if isinstance(fmt, dict) and fmt.get("type", "audio/pcm") == "audio/pcm" \
+            and fmt.get("rate", REALTIME_RATE) == REALTIME_RATE:
         return
-    raise RealtimeError("invalid_value", f"audio format {fmt!r} is not supported: only PCM16 at {RATE} Hz "
+    raise RealtimeError("invalid_value", f"audio format {fmt!r} is not supported: only PCM16 at {REALTIME_RATE} Hz "
                         "('pcm16', or {'type': 'audio/pcm', 'rate': 24000})", param=where)
 
 
@@ -92,7 +93,7 @@ def session_object(settings: Settings, cfg: VoxpipeConfig, session_id: str, prom
         return {**common, "modalities": ["audio", "text"], "input_audio_format": "pcm16",
                 "output_audio_format": "pcm16", "turn_detection": td,
                 "input_audio_transcription": {"model": "whisper"}, "tools": [], "tool_choice": "none"}
-    pcm = {"type": "audio/pcm", "rate": RATE}
+    pcm = {"type": "audio/pcm", "rate": REALTIME_RATE}
     return {"type": "realtime", **common, "output_modalities": ["audio"],
             "audio": {"input": {"format": pcm, "turn_detection": td, "transcription": {"model": "whisper"}},
                       "output": {"format": pcm}},

@@ -23,7 +23,7 @@ Dialect = Literal["ga", "beta"]
 ``conversation.item.added``, ...) or ``beta`` (``response.audio.delta``,
 ``conversation.item.created``, ...)."""
 
-RATE = 24000
+REALTIME_RATE = 24000
 """The only audio rate of the Realtime API's PCM format (Hz): input and output."""
 
 BETA_SESSION_KEYS = frozenset({"input_audio_format", "output_audio_format", "modalities", "turn_detection",

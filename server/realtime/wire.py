@@ -23,7 +23,7 @@ from .config import dialect_of, read_update, session_object
 from .outbox import RealtimeOutbox, new_id, user_item
 from .types import (
     CLIENT_TYPES,
-    RATE,
+    REALTIME_RATE,
     AudioAppend,
     AudioClear,
     AudioCommit,
@@ -234,6 +234,6 @@ class RealtimeWire:
         self.out.session_object = session_object(self.settings, self.cfg, self.session.id, prompt)
 
     def _start_event(self) -> SessionStart:
-        return SessionStart(type="session.start", sample_rate=RATE, format="pcm16", channels=1,
-                            output_sample_rate=RATE, system_prompt=None, language=None,
+        return SessionStart(type="session.start", sample_rate=REALTIME_RATE, format="pcm16", channels=1,
+                            output_sample_rate=REALTIME_RATE, system_prompt=None, language=None,
                             vad=self.settings.server_vad)

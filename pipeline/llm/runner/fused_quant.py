@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from pipeline.llm.runner import q4_native
+from pipeline.llm.runner.native import q4
 from pipeline.llm.runner.quant_linear import QuantLinear
 
 
@@ -62,6 +62,6 @@ class FusedQuant:
             return tuple(lyr.forward(x) for lyr in self.layers)
         xb = x if x.dtype is torch.bfloat16 and x.is_contiguous() else x.to(torch.bfloat16).contiguous()
         y = torch.empty((*x.shape[:-1], self.n), dtype=torch.bfloat16)
-        q4_native.gemm_into(self.qweight, self.qscale, self.bias, xb, y, rows)
+        q4.gemm_into(self.qweight, self.qscale, self.bias, xb, y, rows)
         outs = y.split(self.sizes, dim=-1)
         return outs if x.dtype is torch.bfloat16 else tuple(o.to(x.dtype) for o in outs)

@@ -25,7 +25,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 
-from pipeline.llm.runner import attn_native
+from pipeline.llm.runner.native import attn as native_attn
 
 NAME = "voxpipe"
 
@@ -92,7 +92,7 @@ class MixedCache:
                 v = torch.cat([past.values[layer], v], dim=2)
             q = query[:, :, b + o : b + o + n]
             scale = kw.get("scaling")
-            out = attn_native.chunk(q, k, v, q.shape[-1] ** -0.5 if scale is None else scale) \
+            out = native_attn.chunk(q, k, v, q.shape[-1] ** -0.5 if scale is None else scale) \
                 if plain and not kw.get("dropout") else None
             if out is None:
                 out, _ = sdpa_attention_forward(module, q, k, v, mask, **kw)
@@ -110,7 +110,7 @@ def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     step's single token it is 2× (batch 1) to 12× (batch 8, 1000 columns) slower than fp32
     matmuls, measured with Qwen2.5-0.5B's shapes (14 query heads over 2 KV heads, head dim
     64). Where every row's columns are one span (a decode step's padding mask) and the
-    inputs are bf16, voxpipe's C kernel (:func:`attn_native.attend`) runs the whole batch in
+    inputs are bf16, voxpipe's C kernel (:func:`native_attn.attend`) runs the whole batch in
     one call by the same rule; otherwise the rows run in PyTorch.
     Rows go one at a time over exactly their unmasked columns, not over the padded
     width: where a row's padding lies then changes no rounding, so this attention gives a
@@ -139,7 +139,7 @@ def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     if rows is not None and rows.dtype == torch.bool:
         starts, whole = _row_spans(mask, rows)  # type: ignore[arg-type]
     if (rows is None or rows.dtype == torch.bool) and all(whole):
-        out = attn_native.attend(query, key, value, starts, scale)
+        out = native_attn.attend(query, key, value, starts, scale)
         if out is not None:
             return out
     q = query.reshape(b, kv, h // kv, d).float()

@@ -15,7 +15,7 @@ traffic; 4-bit weights cut that traffic ~4×. PyTorch ships the CPU kernels:
   with ``q`` int8 ``[N, K]`` and ``scales`` ``[N]`` in x's dtype.
 
 Where the CPU has AVX-512 VNNI and a C compiler is found, int4 layers run voxpipe's own
-kernel instead (:mod:`~pipeline.llm.runner.q4_native`: int8 activations, ``vpdpbusd``, fp16
+kernel instead (:mod:`~pipeline.llm.runner.native.q4`: int8 activations, ``vpdpbusd``, fp16
 scale and min per group of 32), which reads the weights at the memory bandwidth at batch 1,
 unpacks them once for up to 8 rows and, without AMX, beats oneDNN bf16 at every width, so
 there it runs every step and no bf16 copy is kept (:func:`native_max_rows`); the paragraph
@@ -42,8 +42,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from pipeline.llm.runner import q4_native
+from pipeline.llm.runner import native as native_kernels
 from pipeline.llm.runner.cpu_linear import PackedLinear, packing_supported
+from pipeline.llm.runner.native import cpu, q4
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +84,7 @@ def native_max_rows(cpuinfo: str | None = None) -> int | None:
     buys nothing. AMX's tile multiply is built for wide bf16 GEMMs; there, steps of more than
     :data:`NATIVE_MAX_ROWS` rows keep the bf16 copy (no AMX machine was at hand to measure).
     """
-    return NATIVE_MAX_ROWS if q4_native.cpu_flags(cpuinfo).issuperset(AMX_FLAGS) else None
+    return NATIVE_MAX_ROWS if cpu.cpu_flags(cpuinfo).issuperset(AMX_FLAGS) else None
 
 
 KINDS = ("int4", "int8")
@@ -130,7 +131,8 @@ def dequantize_int4(q: torch.Tensor, scales_and_zeros: torch.Tensor, group: int)
 
 
 def quantize_int4_min(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Min/max int4 of ``w`` ``[N, K]`` in groups of 32 along K for :mod:`q4_native`'s kernel.
+    """Min/max int4 of ``w`` ``[N, K]`` in groups of 32 along K for voxpipe's kernel
+    (:mod:`~pipeline.llm.runner.native.q4`).
 
     Returns ``(q int32 [N, K] in 0..15, scale fp16 [N, K/32], min fp16 [N, K/32])`` with
     ``W ≈ q · scale + min``; q is rounded against the fp16 scale and min the kernel reads.
@@ -139,7 +141,7 @@ def quantize_int4_min(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torc
         ValueError: ``w`` not 2-D, K not a multiple of 32, or a scale or min beyond fp16's
             range.
     """
-    g = q4_native.GROUP
+    g = q4.GROUP
     if w.dim() != 2 or w.shape[1] % g:
         raise ValueError(f"int4 needs a 2-D weight with K a multiple of {g}, got {tuple(w.shape)}")
     n, k = w.shape
@@ -172,7 +174,7 @@ class QuantLinear(torch.nn.Module):
     Input ``(..., in_features)`` bf16 → ``(..., out_features)`` bf16. Steps of at most
     ``max_rows`` rows (the product of the leading dims) run the quantized kernel, larger
     ones the bf16 copy (``max_rows=None``: always quantized, no copy kept). Int4 runs
-    voxpipe's kernel (``native``; None: where :func:`q4_native.available`), else PyTorch's.
+    voxpipe's kernel (``native``; None: where :func:`~pipeline.llm.runner.native.available`), else PyTorch's.
 
     Raises (at construction):
         ValueError: an unknown kind, a shape the kernel does not take (N not a multiple of 16
@@ -191,15 +193,15 @@ class QuantLinear(torch.nn.Module):
         self.group = 0
         self.native = False
         if kind == "int4":
-            self.native = (q4_native.available() if native is None else native) and \
-                self.in_features % q4_native.GROUP == 0 and self.out_features % q4_native.TILE == 0
+            self.native = (native_kernels.available() if native is None else native) and \
+                self.in_features % q4.GROUP == 0 and self.out_features % q4.TILE == 0
             aten_group = next((g for g in (group, *GROUP_SIZES) if self.in_features % g == 0), 0)
             if self.out_features % 16 or not (self.native or aten_group):
                 raise ValueError(f"int4 kernel does not take a {self.out_features}x{self.in_features} weight")
             if self.native:
                 try:
                     self._register_native(w)
-                    self.group = q4_native.GROUP
+                    self.group = q4.GROUP
                 except ValueError:  # weights fp16 cannot scale: PyTorch's kernel (bf16 scales)
                     self.native = False
             if not self.native:
@@ -225,13 +227,13 @@ class QuantLinear(torch.nn.Module):
             raise ValueError(f"{kind} kernel rejects a {self.out_features}x{self.in_features} weight: {exc}") from exc
 
     def _register_native(self, w: torch.Tensor) -> None:
-        packed, scales = q4_native.pack(*quantize_int4_min(w))
+        packed, scales = q4.pack(*quantize_int4_min(w))
         self.register_buffer("qweight", packed)
         self.register_buffer("qscale", scales)
 
     def _quantized(self, x2: torch.Tensor) -> torch.Tensor:
         if self.native:
-            return q4_native.gemm(x2, self.qweight, self.qscale, self.out_features, bias=self.bias_f32,
+            return q4.gemm(x2, self.qweight, self.qscale, self.out_features, bias=self.bias_f32,
                                   out_dtype=torch.bfloat16)
         if self.kind == "int4":
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.qweight, self.group, self.qscale)
@@ -246,7 +248,7 @@ class QuantLinear(torch.nn.Module):
         if self.native:  # the lean path: a decode step calls ~170 of these
             xb = x if x.dtype is torch.bfloat16 and x.is_contiguous() else x.to(torch.bfloat16).contiguous()
             y = torch.empty((*x.shape[:-1], self.out_features), dtype=torch.bfloat16)
-            q4_native.gemm_into(self.qweight, self.qscale, self.bias_f32, xb, y, rows)
+            q4.gemm_into(self.qweight, self.qscale, self.bias_f32, xb, y, rows)
             return y if x.dtype is torch.bfloat16 else y.to(x.dtype)
         y = self._quantized(x.reshape(rows, self.in_features).to(torch.bfloat16).contiguous())
         y = y.reshape(*x.shape[:-1], self.out_features)
@@ -296,7 +298,7 @@ def quantize_linears(model: torch.nn.Module, kind: str, *, group: int = INT4_GRO
             1.001 with the head in bf16, 1.066 with it in int4; Qwen2.5-0.5B (own Q8_0 head,
             27 % of the weights read per token) 1.035 and 1.033 on 20 prompts (1.044 on all
             46 with the head in int4).
-        native: int4 through voxpipe's kernel (:mod:`~pipeline.llm.runner.q4_native`); None:
+        native: int4 through voxpipe's kernel (:mod:`~pipeline.llm.runner.native.q4`); None:
             where it is available.
 
     Returns:
@@ -309,7 +311,7 @@ def quantize_linears(model: torch.nn.Module, kind: str, *, group: int = INT4_GRO
     if kind not in KINDS:
         raise ValueError(f"unknown quantization {kind!r}: use one of {KINDS}")
     if max_rows == "default":
-        max_rows = native_max_rows() if kind == "int4" and native is not False and q4_native.available() \
+        max_rows = native_max_rows() if kind == "int4" and native is not False and native_kernels.available() \
             else MAX_ROWS[kind]
     rows = max_rows
     assert rows is None or isinstance(rows, int)

@@ -13,10 +13,8 @@
 #include <math.h>
 #include <stdint.h>
 
-static inline float bf16_to_f32(uint16_t v) {
-    union { uint32_t u; float f; } c = {.u = (uint32_t)v << 16};
-    return c.f;
-}
+#include "bf16.h"
+#include "kernels.h"
 
 static int64_t argmax_row(const uint16_t *x, int64_t n) {
     int64_t vec = n - n % 16, best = 0;
@@ -28,8 +26,7 @@ static int64_t argmax_row(const uint16_t *x, int64_t n) {
         const __m512i step = _mm512_set1_epi32(16);
         __mmask16 nan = 0;
         for (int64_t i = 0; i < vec; i += 16) {
-            __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(x + i)));
-            __m512 v = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+            __m512 v = bf16_load16(x + i);
             __mmask16 gt = _mm512_cmp_ps_mask(v, vmax, _CMP_GT_OQ);
             nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
             vmax = _mm512_mask_mov_ps(vmax, gt, v);
@@ -59,8 +56,8 @@ static int64_t argmax_row(const uint16_t *x, int64_t n) {
     return best;
 }
 
-/* x: bf16 [rows, n] with row stride `stride` (elements); out: int64 [rows]. Returns 0, or -1 on
- * a bad shape (out untouched). Column indices must fit int32 (n < 2^31). */
+/* kernels.h: x bf16 [rows, n], row stride `stride` (elements); out int64 [rows]. 0, or -1 on a bad
+ * shape (out untouched). Column indices must fit int32 (n < 2^31). */
 int argmax_bf16(const uint16_t *x, int64_t rows, int64_t n, int64_t stride, int64_t *out) {
     if (rows <= 0 || n <= 0 || n > INT32_MAX || stride < n) return -1;
     for (int64_t r = 0; r < rows; r++) out[r] = argmax_row(x + r * stride, n);

@@ -24,19 +24,10 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "bf16.h"
+#include "kernels.h"
+
 #define MAX_D 256
-
-static inline __m512 load_bf16(const uint16_t *p) {
-    __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
-}
-
-static inline void store_bf16(uint16_t *p, __m512 x) {
-    __m512i b = _mm512_castps_si512(x);
-    __m512i odd = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
-    b = _mm512_add_epi32(b, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF)));
-    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(_mm512_srli_epi32(b, 16)));
-}
 
 /* e^x for x <= 0 (scores minus their maximum); NaN stays NaN. */
 static inline __m512 exp_ps(__m512 x) {
@@ -83,14 +74,14 @@ static inline __attribute__((always_inline)) void pv(const float *p, long p_st, 
         for (int c = 0; c < DC; c++) acc[g][c] = _mm512_setzero_ps();
     for (int t = 0; t < n; t++) {
         __m512 vc[2];
-        for (int c = 0; c < DC; c++) vc[c] = load_bf16(v + (size_t)t * v_st + 16 * c);
+        for (int c = 0; c < DC; c++) vc[c] = bf16_load16(v + (size_t)t * v_st + 16 * c);
         for (int g = 0; g < GB; g++) {
             __m512 pt = _mm512_set1_ps(p[(size_t)g * p_st + t]);
             for (int c = 0; c < DC; c++) acc[g][c] = _mm512_fmadd_ps(pt, vc[c], acc[g][c]);
         }
     }
     for (int g = 0; g < GB; g++)
-        for (int c = 0; c < DC; c++) store_bf16(out + (size_t)g * D + 16 * c, _mm512_mul_ps(acc[g][c], _mm512_set1_ps(inv[g])));
+        for (int c = 0; c < DC; c++) bf16_store16(out + (size_t)g * D + 16 * c, _mm512_mul_ps(acc[g][c], _mm512_set1_ps(inv[g])));
 }
 
 static void pv_heads(const float *p, long p_st, const uint16_t *v, long v_st, int n, const float *inv,
@@ -141,14 +132,14 @@ static int task(const uint16_t *q, long q_sh, const uint16_t *k, long k_st, cons
     if (!qf) return -1;
     float *sc = qf + (size_t)G * D, *kf = sc + (size_t)G * sc_st;
     for (int g = 0; g < G; g++)
-        for (int c = 0; c < C; c++) _mm512_storeu_ps(qf + g * D + 16 * c, load_bf16(q + g * q_sh + 16 * c));
+        for (int c = 0; c < C; c++) _mm512_storeu_ps(qf + g * D + 16 * c, bf16_load16(q + g * q_sh + 16 * c));
     /* scores, 16 columns at a time: the key rows widened once, per head 16 partial dot products
      * (each a vector of 16 lane sums) reduced together */
     for (int t0 = 0; t0 < n; t0 += 16) {
         int nb = n - t0 < 16 ? n - t0 : 16;
         for (int i = 0; i < 16; i++)
             for (int c = 0; c < C; c++)
-                _mm512_storeu_ps(kf + i * D + 16 * c, i < nb ? load_bf16(k + (size_t)(t0 + i) * k_st + 16 * c)
+                _mm512_storeu_ps(kf + i * D + 16 * c, i < nb ? bf16_load16(k + (size_t)(t0 + i) * k_st + 16 * c)
                                                              : _mm512_setzero_ps());
         qk_block(qf, kf, sc + t0, sc_st, G, D, nb, scale);
     }
@@ -183,14 +174,12 @@ static int task(const uint16_t *q, long q_sh, const uint16_t *k, long k_st, cons
     return 0;
 }
 
-/* q: [B, H, D] (strides q_sb, q_sh); k, v: [B, KV, T, D] (strides *_sb, *_sh, *_st; a stride of 0 shares
- * one KV between rows, as a prompt chunk's tokens do); starts, ends: [B], row b attends columns
- * [starts[b], ends[b]) (0 <= start < end <= T; ends NULL: every row ends at T); out: contiguous [B, H, D].
- * D % 16 == 0, D <= 256, H % KV == 0, H / KV <= 256. Returns 0, or -1 on a bad shape or a failed
- * allocation. */
-int attn_decode(const uint16_t *q, long q_sb, long q_sh, const uint16_t *k, long k_sb, long k_sh, long k_st,
-                const uint16_t *v, long v_sb, long v_sh, long v_st, const int *starts, const int *ends,
-                uint16_t *out, int B, int H, int KV, int T, int D, float scale, int threads) {
+/* kernels.h: q [B, H, D]; k, v [B, KV, T, D] (a stride of 0 shares one KV between rows, as a prompt
+ * chunk's tokens do); row b attends columns [starts[b], ends[b]) (0 <= start < end <= T; ends NULL:
+ * every row ends at T); out contiguous [B, H, D]. 0, or -1 on a bad shape or a failed allocation. */
+int attn_decode(const uint16_t *q, int64_t q_sb, int64_t q_sh, const uint16_t *k, int64_t k_sb, int64_t k_sh,
+                int64_t k_st, const uint16_t *v, int64_t v_sb, int64_t v_sh, int64_t v_st, const int *starts,
+                const int *ends, uint16_t *out, int B, int H, int KV, int T, int D, float scale, int threads) {
     if (B <= 0 || KV <= 0 || T <= 0 || D <= 0 || D % 16 || D > MAX_D || H % KV || H / KV > 256) return -1;
     for (int b = 0; b < B; b++)
         if (starts[b] < 0 || (ends ? ends[b] > T || starts[b] >= ends[b] : starts[b] >= T)) return -1;

@@ -6,7 +6,7 @@
  * vpdpbusd multiplies 16 outputs × 4 weights; the min term uses the exact fp32 group sum:
  *   Σ_k W x = Σ_g scale[n,g] · d[g] · Σ_k q[n,k] · xq[k]  +  min[n,g] · Σ_k x[k].
  *
- * Weight layout (built by pipeline/llm/runner/q4_native.py): tiles of 16 outputs; per tile t
+ * Weight layout (built by pipeline/llm/runner/native/q4.py): tiles of 16 outputs; per tile t
  * and group g, 256 bytes: for p in 0..3, 64 bytes, byte 4·i + j (i: output 0..15, j: 0..3)
  *   = q[16t+i][32g+8p+j] | q[16t+i][32g+8p+4+j] << 4,
  * so one 64-byte load unpacks into two vpdpbusd operands (low and high nibbles). Scales and
@@ -20,16 +20,14 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "bf16.h"
+#include "kernels.h"
+
 #define GROUP 32
 #define MAX_ROWS 8
 #define PREFETCH 2048 /* bytes of packed weights ahead (8 groups); 512-4096 and L2 hints measured no better */
 
 typedef int32_t __attribute__((may_alias, aligned(1))) i32u; /* 4 activation bytes read as one int32 */
-
-/* bf16 -> fp32 of 16 values (a bf16 is the top half of an fp32) */
-static inline __m512 bf16x16(const uint16_t *p) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
-}
 
 /* per row and group of 32: d = max|x| / 127, xq = round(x / d) (nearest even, as lrintf),
  * and the fp32 sum of the group's unquantized values (the min term); 16 lanes at a time (the
@@ -39,7 +37,7 @@ static void quantize_rows(const uint16_t *x, int M, int K, int8_t *xq, float *dx
     for (int m = 0; m < M; m++) {
         for (int g = 0; g < G; g++) {
             const uint16_t *src = x + (size_t)m * K + g * GROUP;
-            __m512 a = bf16x16(src), b = bf16x16(src + 16);
+            __m512 a = bf16_load16(src), b = bf16_load16(src + 16);
             float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
             float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
             __m512 vid = _mm512_set1_ps(id);
@@ -59,10 +57,7 @@ static inline void store(void *y, size_t at, __m512 acc, const float *bias, int 
         _mm512_storeu_ps((float *)y + at, acc);
         return;
     }
-    __m512i b = _mm512_castps_si512(acc);
-    __m512i odd = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
-    b = _mm512_add_epi32(b, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF)));
-    _mm256_storeu_si256((__m256i *)((uint16_t *)y + at), _mm512_cvtepi32_epi16(_mm512_srli_epi32(b, 16)));
+    bf16_store16((uint16_t *)y + at, acc);
 }
 
 static inline __attribute__((always_inline)) void tile(const uint8_t *w, const uint16_t *sm, int G,
@@ -124,8 +119,7 @@ static void tile_rows(const uint8_t *w, const uint16_t *sm, int G, const int8_t 
 #undef TILE_CASE
 }
 
-/* x: bf16 [M, K]; bias: fp32 [N] or NULL; y: [M, N], fp32, or bf16 when bf16_out.
- * N % 16 == 0, K % 32 == 0. Returns 0, or -1 on a bad shape or a failed allocation (y untouched). */
+/* kernels.h: x bf16 [M, K]; y [M, N] fp32, or bf16 when bf16_out; 0, or -1 with y untouched. */
 int q4_gemm(const uint8_t *w, const uint16_t *sm, const uint16_t *x, const float *bias, void *y, int M, int N,
             int K, int threads, int bf16_out) {
     if (M <= 0 || N <= 0 || K <= 0 || N % 16 || K % GROUP) return -1;

@@ -1,8 +1,8 @@
-"""voxpipe's int4 CPU kernel (pipeline/llm/runner/q4_native.py, q4_vnni.c): its packed layout,
+"""voxpipe's int4 CPU kernel (pipeline/llm/runner/native/q4.py, q4_vnni.c): its packed layout,
 its arithmetic against a float64 reference of the same scheme (int4 weights with fp16 scale
 and min per 32, int8 activations per 32), row independence (continuous batching gives each
-request the tokens it would get alone), threads, bf16 output and bias, the build cache, and
-the fallback to PyTorch's kernel."""
+request the tokens it would get alone), threads, bf16 output and bias, and the fallback to
+PyTorch's kernel. The build, its cache and the switch: tests/test_native_build.py."""
 
 from __future__ import annotations
 
@@ -11,10 +11,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.llm.runner import q4_native
+from pipeline.llm.runner.native import q4
 from pipeline.llm.runner.quant_linear import QuantLinear, quantize_int4_min
-
-needs_kernel = pytest.mark.skipif(not q4_native.available(), reason="the CPU lacks AVX-512 VNNI (or no C compiler)")
 
 
 def _unpack(w: torch.Tensor, sm: torch.Tensor, n: int, k: int):
@@ -50,7 +48,7 @@ def _weights(n: int, k: int, seed: int):
 @settings(max_examples=30, deadline=None)
 def test_packing_keeps_every_weight_scale_and_min(n, k, seed):
     q, scale, mn = _weights(n, k, seed)
-    w, sm = q4_native.pack(q, scale, mn)
+    w, sm = q4.pack(q, scale, mn)
     assert w.dtype == torch.uint8 and w.numel() == n * k // 2 and sm.dtype == torch.float16
     q2, s2, m2 = _unpack(w, sm, n, k)
     assert torch.equal(q2, q.long()) and torch.equal(s2, scale) and torch.equal(m2, mn)
@@ -68,24 +66,24 @@ def test_quantization_is_within_half_a_step_of_the_weight():
 def test_pack_rejects_shapes_the_kernel_does_not_take():
     q, s, m = _weights(32, 64, 0)
     with pytest.raises(ValueError, match="does not take"):
-        q4_native.pack(q[:24], s[:24], m[:24])  # N not a multiple of 16
+        q4.pack(q[:24], s[:24], m[:24])  # N not a multiple of 16
     with pytest.raises(ValueError, match="does not take"):
-        q4_native.pack(q, s[:, :1], m[:, :1])  # scales of the wrong shape
+        q4.pack(q, s[:, :1], m[:, :1])  # scales of the wrong shape
     with pytest.raises(ValueError, match="multiple of 32"):
         quantize_int4_min(torch.randn(16, 40))
 
 
-@needs_kernel
+@pytest.mark.native
 @given(rows=st.integers(1, 20), n=st.sampled_from([16, 32, 80]), k=st.sampled_from([32, 64, 160]),
        seed=st.integers(0, 10_000), zero_row=st.booleans())
 @settings(max_examples=40, deadline=None)
 def test_gemm_matches_the_float64_reference_of_its_scheme(rows, n, k, seed, zero_row):
     q, scale, mn = _weights(n, k, seed)
-    w, sm = q4_native.pack(q, scale, mn)
+    w, sm = q4.pack(q, scale, mn)
     x = (torch.randn(rows, k, generator=torch.Generator().manual_seed(seed + 1)) * 2).to(torch.bfloat16)
     if zero_row:
         x[0] = 0  # d = 0: no division by zero, y = 0
-    y = q4_native.gemm(x, w, sm, n, threads=1)
+    y = q4.gemm(x, w, sm, n, threads=1)
     ref = _reference(x, q, scale, mn)
     assert y.shape == (rows, n) and y.dtype == torch.float32
     assert torch.allclose(y.double(), ref, rtol=1e-4, atol=1e-4 * float(ref.abs().max()) + 1e-6)
@@ -93,47 +91,47 @@ def test_gemm_matches_the_float64_reference_of_its_scheme(rows, n, k, seed, zero
         assert not y[0].any()
 
 
-@needs_kernel
+@pytest.mark.native
 @given(seed=st.integers(0, 10_000), rows=st.integers(2, 19), pick=st.integers(0, 18))
 @settings(max_examples=25, deadline=None)
 def test_a_row_gets_the_same_bits_whatever_rows_share_its_step(seed, rows, pick):
     # continuous batching: a request's tokens must not depend on who else decodes with it
     q, scale, mn = _weights(64, 128, seed)
-    w, sm = q4_native.pack(q, scale, mn)
+    w, sm = q4.pack(q, scale, mn)
     x = torch.randn(rows, 128, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)
     i = pick % rows
-    together = q4_native.gemm(x, w, sm, 64, threads=1)
-    alone = q4_native.gemm(x[i:i + 1], w, sm, 64, threads=1)
+    together = q4.gemm(x, w, sm, 64, threads=1)
+    alone = q4.gemm(x[i:i + 1], w, sm, 64, threads=1)
     assert torch.equal(together[i:i + 1], alone)
-    assert torch.equal(q4_native.gemm(x, w, sm, 64, threads=2), together)
+    assert torch.equal(q4.gemm(x, w, sm, 64, threads=2), together)
 
 
-@needs_kernel
+@pytest.mark.native
 def test_bf16_output_is_the_fp32_result_rounded_and_bias_is_added():
     q, scale, mn = _weights(48, 96, 3)
-    w, sm = q4_native.pack(q, scale, mn)
+    w, sm = q4.pack(q, scale, mn)
     x = torch.randn(5, 96).to(torch.bfloat16)
     bias = torch.randn(48)
-    y32 = q4_native.gemm(x, w, sm, 48, bias=bias)
-    assert torch.allclose(y32, q4_native.gemm(x, w, sm, 48) + bias, rtol=1e-6, atol=1e-6)
-    y16 = q4_native.gemm(x, w, sm, 48, bias=bias, out_dtype=torch.bfloat16)
+    y32 = q4.gemm(x, w, sm, 48, bias=bias)
+    assert torch.allclose(y32, q4.gemm(x, w, sm, 48) + bias, rtol=1e-6, atol=1e-6)
+    y16 = q4.gemm(x, w, sm, 48, bias=bias, out_dtype=torch.bfloat16)
     assert y16.dtype == torch.bfloat16 and torch.equal(y16, y32.to(torch.bfloat16))  # round to nearest even
     # fp32 activations are taken as bf16, as the model would send them
-    assert torch.equal(q4_native.gemm(x.float(), w, sm, 48), q4_native.gemm(x, w, sm, 48))
+    assert torch.equal(q4.gemm(x.float(), w, sm, 48), q4.gemm(x, w, sm, 48))
 
 
-@needs_kernel
+@pytest.mark.native
 def test_the_kernel_rejects_a_k_it_was_not_built_for():
     q, scale, mn = _weights(16, 64, 0)
-    w, sm = q4_native.pack(q, scale, mn)
+    w, sm = q4.pack(q, scale, mn)
     with pytest.raises(ValueError, match="another shape"):
-        q4_native.gemm(torch.zeros(1, 48, dtype=torch.bfloat16), w, sm, 16)
+        q4.gemm(torch.zeros(1, 48, dtype=torch.bfloat16), w, sm, 16)
     with pytest.raises(RuntimeError, match="rejected"):  # the C side checks too
-        q4_native.gemm_into(w, sm, None, torch.zeros(1, 16, dtype=torch.bfloat16),  # K 16: not groups of 32
+        q4.gemm_into(w, sm, None, torch.zeros(1, 16, dtype=torch.bfloat16),  # K 16: not groups of 32
                             torch.empty(1, 64, dtype=torch.bfloat16), 1)
 
 
-@needs_kernel
+@pytest.mark.native
 def test_quant_linear_runs_the_kernel_within_int4_error_of_the_layer():
     torch.manual_seed(0)
     lin = torch.nn.Linear(256, 96, bias=True).to(torch.bfloat16)
@@ -149,96 +147,17 @@ def test_quant_linear_runs_the_kernel_within_int4_error_of_the_layer():
     assert not aten.native and ((aten(x).float() - ref).norm() / ref.norm()).item() < 0.1
 
 
-def test_cpu_flags_decide_whether_the_kernel_is_used():
-    flags = "flags\t\t: fpu sse2 avx2 avx512f avx512bw avx512vl f16c fma"
-    assert not q4_native.cpu_supported(flags + "\n")
-    assert q4_native.cpu_supported(flags + " avx512_vnni\n")
-    assert not q4_native.cpu_supported("processor: 0\n")
-
-
-@needs_kernel
-def test_the_build_is_cached_by_source_hash(tmp_path):
-    (tmp_path / "q4_vnni-0000000000000000.so").write_bytes(b"an earlier source's build")
-    first = q4_native.build(tmp_path)
-    stamp = first.stat().st_mtime_ns
-    assert q4_native.build(tmp_path) == first and first.stat().st_mtime_ns == stamp
-    # no temp files left behind: the library and its checksum
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([first.name, first.with_suffix(".sha256").name])
-
-
-def test_a_missing_compiler_is_a_clear_error(tmp_path, monkeypatch):
-    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
-    monkeypatch.setenv("PATH", str(tmp_path))
-    with pytest.raises(RuntimeError, match="compiler"):
-        q4_native.build(tmp_path / "cache")
-
-
-def test_switching_the_kernel_off_falls_back_to_pytorch(monkeypatch):
-    monkeypatch.setenv("VOXPIPE_NATIVE_INT4", "0")
-    q4_native._library.cache_clear()
-    try:
-        assert not q4_native.available()
-        lin = torch.nn.Linear(64, 32).to(torch.bfloat16)
-        ql = QuantLinear(lin, "int4")
-        assert not ql.native and "aten" in repr(ql)
-        with pytest.raises(RuntimeError, match="not available"):
-            q4_native.gemm(torch.zeros(1, 64), ql.qweight, ql.qscale, 32)
-    finally:
-        monkeypatch.delenv("VOXPIPE_NATIVE_INT4")
-        q4_native._library.cache_clear()
-
-
-@needs_kernel
-def test_a_damaged_library_in_the_cache_is_built_again(tmp_path, monkeypatch):
-    monkeypatch.setenv("VOXPIPE_KERNEL_CACHE", str(tmp_path))
-    lib = q4_native.build()
-    lib.write_bytes(lib.read_bytes()[:100])  # truncated
-    q4_native._library.cache_clear()
-    try:
-        assert q4_native.available()
-        assert lib.stat().st_size > 100
-    finally:
-        q4_native._library.cache_clear()
-
-
-@needs_kernel
-def test_a_truncated_library_without_its_checksum_is_never_loaded(tmp_path, monkeypatch):
-    # dlopen of a truncated ELF can die of SIGBUS, so the checksum is checked first
-    monkeypatch.setenv("VOXPIPE_KERNEL_CACHE", str(tmp_path))
-    lib = q4_native.build()
-    whole = lib.read_bytes()
-    lib.write_bytes(whole[:1000])
-    assert q4_native.build() == lib and lib.read_bytes() == whole  # rebuilt, not reused
-    assert lib.stat().st_mode & 0o777 == 0o755
-    lib.with_suffix(".sha256").unlink()
-    q4_native.build()
-    assert lib.with_suffix(".sha256").exists()
-
-
-def test_a_compiler_that_writes_nothing_leaves_no_library(tmp_path, monkeypatch):
-    monkeypatch.setenv("CC", "true")  # exits 0, writes nothing
-    with pytest.raises(RuntimeError, match="no shared library"):
-        q4_native.build(tmp_path)
-    assert not list(tmp_path.iterdir())
-
-
-@needs_kernel
-def test_cc_may_carry_arguments(tmp_path, monkeypatch):
-    monkeypatch.setenv("CC", "cc -O2")
-    assert q4_native.build(tmp_path).exists()
-
-
-@needs_kernel
+@pytest.mark.native
 def test_gemm_refuses_arguments_that_do_not_fit_its_weights():
     q, scale, mn = _weights(64, 128, 0)
-    w, sm = q4_native.pack(q, scale, mn)
+    w, sm = q4.pack(q, scale, mn)
     x = torch.randn(3, 128).to(torch.bfloat16)
     for kwargs, n, xx in (({"out_dtype": torch.float16}, 64, x), ({}, 640000, x), ({}, 64, torch.randn(3, 4096)),
                           ({"bias": torch.randn(16)}, 64, x), ({}, 64, torch.randn(128))):
         with pytest.raises(ValueError):
-            q4_native.gemm(xx, w, sm, n, **kwargs)
+            q4.gemm(xx, w, sm, n, **kwargs)
     with pytest.raises(RuntimeError, match="do not fit"):
-        q4_native.gemm_into(w, sm, None, x, torch.empty(3, 32, dtype=torch.bfloat16), 3)
+        q4.gemm_into(w, sm, None, x, torch.empty(3, 32, dtype=torch.bfloat16), 3)
 
 
 def test_weights_beyond_fp16_take_pytorchs_kernel():
@@ -251,28 +170,3 @@ def test_weights_beyond_fp16_take_pytorchs_kernel():
     assert not ql.native and ql.group == 32
     y = ql(torch.ones(1, 64).to(torch.bfloat16))
     assert y.float().isfinite().all()
-
-
-@needs_kernel
-def test_a_cached_library_without_a_kernel_symbol_is_not_used(tmp_path, monkeypatch, caplog):
-    """A library that loads but lacks ``attn_decode`` (say, a hand-copied build of an older
-    source under the current name) makes the kernels unavailable with a warning, not an
-    AttributeError from every caller."""
-    import ctypes
-
-    class Partial:
-        q4_gemm = object()
-
-        def __getattr__(self, name):
-            raise AttributeError(f"undefined symbol: {name}")
-
-    monkeypatch.setattr(ctypes, "CDLL", lambda path: Partial())
-    q4_native._library.cache_clear()
-    try:
-        with caplog.at_level("WARNING"):
-            assert not q4_native.available()
-        assert "undefined symbol: attn_decode" in caplog.text
-    finally:
-        monkeypatch.undo()
-        q4_native._library.cache_clear()
-    assert q4_native.available()

@@ -1,16 +1,16 @@
 """voxpipe's decode attention kernel (``decode_attn.c``): one query token per row, on AVX-512.
 
-:func:`pipeline.llm.runner.mixed_attention.decode_attention` ran each row as two fp32
-matmuls and a softmax in PyTorch: eight small ops per row and layer, so at batch 8 a
-Qwen2.5-0.5B decode step spent ~12 ms of ~80 in that per-row dispatch, not in arithmetic.
-The C kernel does the same work in one call per layer: a task per (row, KV head) reads each
-key and value row once for all of that KV head's query heads, sums in fp32 over exactly the
-row's own columns, and depends on nothing else in the batch or on the thread count, so a row
-gets the same bits in a batch as alone (what the PyTorch version gave, by the same rule).
+:func:`pipeline.llm.runner.mixed_attention.decode_attention` runs each row as two fp32
+matmuls and a softmax in PyTorch: eight small ops per row and layer, whose dispatch, not
+their arithmetic, dominates at decode shapes. The C kernel does the same work in one call per
+layer: a task per (row, KV head) reads each key and value row once for all of that KV head's
+query heads, sums in fp32 over exactly the row's own columns, and depends on nothing else in
+the batch or on the thread count, so a row gets the same bits in a batch as alone (what the
+PyTorch version gives, by the same rule).
 
-It is compiled into the library of :mod:`~pipeline.llm.runner.q4_native` (same build, cache,
-checksum and ``VOXPIPE_NATIVE_INT4=0`` switch); where that library is not available,
-:func:`attend` returns None and the caller runs the PyTorch version.
+It runs from the package's library (:func:`pipeline.llm.runner.native.library`); where that
+is not available (``VOXPIPE_NATIVE=0``, the CPU, no compiler) :func:`attend` returns None and
+the caller runs the PyTorch version.
 """
 
 from __future__ import annotations
@@ -19,17 +19,12 @@ import functools
 
 import torch
 
-from pipeline.llm.runner import q4_native
+from pipeline.llm.runner import native
 
 MAX_HEAD_DIM = 256
 """Largest head dimension the kernel takes (a multiple of 16)."""
 MAX_GROUP = 256
 """Most query heads per KV head the kernel takes."""
-
-
-def available() -> bool:
-    """True when the kernel runs here (see :func:`q4_native.available`)."""
-    return q4_native.available()
 
 
 def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, starts: list[int], scale: float,
@@ -62,13 +57,14 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, starts: 
     if ends is not None and (len(ends) != b or max(ends) > t or any(s >= e for s, e in zip(starts, ends))):
         return None
     bf16 = torch.bfloat16
-    if any(x.dtype is not bf16 or x.device.type != "cpu" or x.stride(-1) != 1 for x in (query, key, value)) or \
-            not available():
+    lib = native.library()
+    if lib is None or any(x.dtype is not bf16 or x.device.type != "cpu" or x.stride(-1) != 1
+                          for x in (query, key, value)):
         return None
     out = torch.empty((b, 1, h, d), dtype=bf16)
     st = _int32(tuple(starts))
     en = None if ends is None else _int32(tuple(ends))
-    rc = q4_native._library().attn_decode(  # type: ignore[union-attr]
+    rc = lib.attn_decode(
         query.data_ptr(), query.stride(0), query.stride(1),
         key.data_ptr(), key.stride(0), key.stride(1), key.stride(2),
         value.data_ptr(), value.stride(0), value.stride(1), value.stride(2),
@@ -84,7 +80,7 @@ def chunk(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: fl
     """Causal attention of a prompt chunk over its own KV (its past, then itself): token i of
     n sees columns ``[0, T - n + i]``. Each token is a row of :func:`attend` over the one
     shared KV (a stride of 0), so a chunk costs one call per layer instead of PyTorch's SDPA
-    (~0.2 ms a call with transformers' GQA expansion around it, 24 per mixed step of Qwen2.5-0.5B).
+    with transformers' GQA expansion around it.
 
     Args:
         query: (1, H, n, D) bf16, last dimension contiguous. key, value: (1, KV, T, D) bf16,
@@ -107,7 +103,7 @@ def chunk(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: fl
 
 @functools.lru_cache(maxsize=16)
 def _int32(values: tuple[int, ...]) -> torch.Tensor:
-    """``values`` as an int32 tensor for C (read only there). The 24 layers of a step ask for
+    """``values`` as an int32 tensor for C (read only there). Every layer of a step asks for
     the same few lists (the decoding rows' starts; a chunk's starts and ends), so they are
-    kept: building them in every layer was ~0.2 ms of a mixed step."""
+    kept rather than built again in each layer."""
     return torch.tensor(values, dtype=torch.int32)
