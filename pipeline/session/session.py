@@ -26,7 +26,6 @@ from pipeline.asr.turn import AsrTurn
 from pipeline.asr.types import Partial
 from pipeline.config import VoxpipeConfig
 from pipeline.engines import Engines
-from pipeline.errors import Busy
 from pipeline.serving.admission import Admission
 from pipeline.serving.governor import Governor
 from pipeline.session import events as ev

@@ -14,8 +14,8 @@ import time
 import weakref
 from collections.abc import Callable
 
+from audio.pcm import RATE
 from pipeline.config import TurnConfig
-from pipeline.session.turn_tracker import RATE
 from pipeline.session.types import SpeechEnd
 
 MERGE_DETECT_SLACK_S = 1.0

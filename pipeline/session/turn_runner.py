@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from audio.pcm import RATE
 from pipeline import metrics
 from pipeline.asr.turn import AsrTurn
 from pipeline.config import TurnConfig
@@ -32,7 +33,6 @@ from pipeline.session.speculation import HeldOutbox, Speculation
 from pipeline.session.turn_ids import TurnIds
 from pipeline.session.turn_machine import TurnMachine
 from pipeline.session.turn_state import TurnState
-from pipeline.session.turn_tracker import RATE
 from pipeline.session.turn_work import TurnWork
 from pipeline.session.types import Outbox, SpeechEnd, StageEvent
 

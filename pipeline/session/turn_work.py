@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from pipeline import metrics
 from pipeline.asr.turn import AsrTurn
 from pipeline.asr.types import Partial
+from pipeline.errors import Busy
 from pipeline.session import events as ev
 from pipeline.session.gate import TurnGate
 from pipeline.session.replies import Replies, send_busy
@@ -21,7 +22,6 @@ from pipeline.session.speculation import Speculation
 from pipeline.session.turn_ids import TurnIds
 from pipeline.session.turn_state import TurnState
 from pipeline.session.types import Outbox
-from pipeline.worker import Busy
 
 logger = logging.getLogger(__name__)
 
