@@ -295,7 +295,8 @@ async def test_an_oom_mid_reply_requeues_the_batch_and_every_reply_is_unchanged(
     """Recompute preemption (the out-of-memory ladder's steps 1-2): two OOMs in the 6th step
     drop the batch's KV, requeue every request with the tokens it already sent, and halve the
     batch; each greedy reply is exactly what it is without the OOMs (fp32), none lost."""
-    from pipeline.serving.faults import FaultInjector, parse_rules
+    from pipeline.fault_rules import parse_rules
+    from pipeline.serving.faults import FaultInjector
     from pipeline.serving.ladder import OomLadder
 
     prompts = ["What is the capital of France?", "Name a color.", "Say hello in French.", "What is 2 plus 2?"]

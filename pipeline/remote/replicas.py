@@ -31,10 +31,11 @@ from pipeline.asr.types import AsrRequest, DecodeRequest, DecodeResult, Transcri
 from pipeline.config import VoxpipeConfig
 from pipeline.engines import load_stage
 from pipeline.errors import Busy
+from pipeline.fault_rules import parse_rules
 from pipeline.llm.types import GenRequest, GenStats
 from pipeline.remote.settings import STAGE_SECTIONS, config_from_user
 from pipeline.remote.types import INGRESS_NAME, RemoteStageName, ReplicaStats
-from pipeline.serving.faults import FaultInjector, injected, parse_rules
+from pipeline.serving.faults import FaultInjector, injected
 from pipeline.serving.governor import TICK_S, Governor
 from pipeline.tts.types import Speech
 

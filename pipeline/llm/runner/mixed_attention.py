@@ -108,9 +108,10 @@ def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
 
     PyTorch's CPU SDPA runs a flash-attention kernel built for long queries: for a decode
     step's single token it is slower than plain fp32 matmuls, the more so the longer the
-    batch and the rows (docs/BENCHMARKS.md). Where every row's columns are one span (a decode step's padding mask) and the
-    inputs are bf16, voxpipe's C kernel (:func:`native_attn.attend`) runs the whole batch in
-    one call by the same rule; otherwise the rows run in PyTorch.
+    batch and the rows (docs/BENCHMARKS.md). Where every row's columns are one span (a
+    decode step's padding mask) and the inputs are bf16, voxpipe's C kernel
+    (:func:`native_attn.attend`) runs the whole batch in one call by the same rule;
+    otherwise the rows run in PyTorch.
     Rows go one at a time over exactly their unmasked columns, not over the padded
     width: where a row's padding lies then changes no rounding, so this attention gives a
     row the same bits in a batch as alone. (A whole reply is not batch-invariant: on a CPU
