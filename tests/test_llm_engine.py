@@ -58,7 +58,7 @@ async def test_concurrent_requests_equal_their_solo_runs(engine):
         await asyncio.sleep(0.05)  # staggered: each joins a running batch
     together = await asyncio.gather(*(collect(s) for s in streams))
     assert together == solo
-    assert max(engine.batch_sizes) >= 2
+    assert max(engine.stats.batch_sizes) >= 2
 
 
 async def test_abort_frees_the_slot_within_a_step_others_unaffected(engine):
@@ -69,10 +69,10 @@ async def test_abort_frees_the_slot_within_a_step_others_unaffected(engine):
     async for d in long:
         got.append(d)
         if len(got) == 5:
-            steps = engine.steps
+            steps = engine.stats.steps
             long.abort()
     assert long.stats.finish_reason is FinishReason.ABORT
-    assert engine.steps - steps <= 2
+    assert engine.stats.steps - steps <= 2
     assert await collect(short) == ref
     await asyncio.sleep(0.1)
     assert engine.active == 0 and engine.runner.batch_size == 0 and engine.runner.cache is None
@@ -152,7 +152,7 @@ async def test_long_prompt_prefills_in_chunks_while_another_request_streams(llm)
                 break
         long_text = "The quick brown fox jumps over the lazy dog. " * 150  # ~1500 tokens: 12+ chunks
         long = eng.submit(ask(long_text + "How many foxes?", n=4))
-        steps0 = eng.steps
+        steps0 = eng.stats.steps
         long_first: list[float] = []
 
         async def read_long() -> None:
@@ -166,7 +166,7 @@ async def test_long_prompt_prefills_in_chunks_while_another_request_streams(llm)
         assert long.stats.finish_reason is FinishReason.LENGTH and long.stats.prompt_tokens > 1400
         during = [t for t in times[3:] if t < long_first[0]]
         assert len(during) >= 8  # the short request kept streaming while the long one prefilled
-        assert eng.steps - steps0 >= 12
+        assert eng.stats.steps - steps0 >= 12
         assert short.stats.finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
     finally:
         eng.stop()
@@ -181,7 +181,7 @@ async def test_short_prompt_is_not_queued_behind_long_prefills(llm):
     try:
         long_text = "The quick brown fox jumps over the lazy dog. " * 60  # ~600 tokens: 5+ chunks each
         longs = [eng.submit(ask(long_text + f"Question {i}: how many dogs?", n=2)) for i in range(2)]
-        await until(lambda: eng.steps >= 2)  # both long prompts are being prefilled
+        await until(lambda: eng.stats.steps >= 2)  # both long prompts are being prefilled
         short = eng.submit(ask("Say hi.", n=2))
         first: dict[str, float] = {}
 
@@ -310,7 +310,7 @@ async def test_an_oom_mid_reply_requeues_the_batch_and_every_reply_is_unchanged(
         assert await asyncio.gather(*(collect(s) for s in streams)) == solo
         assert all(s.stats.finish_reason in (FinishReason.STOP, FinishReason.LENGTH) for s in streams)
         assert eng.ladder.step == 2 and eng.preempted >= len(prompts)
-        assert eng.scheduler.cfg.max_batch_size == 2 and max(eng.batch_sizes[-5:]) <= 2
+        assert eng.scheduler.cfg.max_batch_size == 2 and max(eng.stats.batch_sizes[-5:]) <= 2
     finally:
         eng.stop()
 
@@ -332,16 +332,16 @@ async def test_a_conversation_reuses_its_earlier_turns_kv_and_every_reply_is_unc
                      "Name a river in each.", "Thanks. Say goodbye."]
         for i, q in enumerate(questions):
             msgs = history.prompt(q, cached.count_tokens, budget)
-            before = cached.prefix_cache_stats
+            before = cached.prefix.stats
             reply = await collect(cached.submit(GenRequest(messages=msgs, max_new_tokens=24, session="s1")))
             assert reply == await collect(plain.submit(GenRequest(messages=msgs, max_new_tokens=24))), f"turn {i}"
-            queried, hit = (a - b for a, b in zip(cached.prefix_cache_stats[:2], before[:2]))
+            queried, hit = (a - b for a, b in zip(cached.prefix.stats[:2], before[:2]))
             if i:  # everything but the new question and the template around it was cached
                 assert hit >= 0.6 * queried, f"turn {i}: {hit} of {queried} prompt tokens cached"
             history.add_turn(q, reply)
-        held = cached.prefix_cache_stats[3]
+        held = cached.prefix.stats[3]
         cached.end_session("s1")
-        await until(lambda: cached.prefix_cache_stats[3] < held)
+        await until(lambda: cached.prefix.stats[3] < held)
     finally:
         cached.stop()
         plain.stop()
@@ -359,9 +359,9 @@ async def test_the_prefix_cache_fills_only_what_the_kv_budget_leaves(llm):
         for i in range(12):
             topic = f"Tell me one fact about the number {i * 7919}, the ocean and the color {i}. " * 6
             await collect(eng.submit(ask(topic, 8)))
-            seen.append(eng.prefix_cache_stats[3])
+            seen.append(eng.prefix.stats[3])
             assert seen[-1] <= budget
-        queried, hit, evicted, tokens = eng.prefix_cache_stats
+        queried, hit, evicted, tokens = eng.prefix.stats
         assert evicted > 0 and 0 < tokens <= budget and max(seen) > budget // 2  # it filled up, then evicted
     finally:
         eng.stop()

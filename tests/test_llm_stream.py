@@ -206,5 +206,6 @@ async def test_step_sleeps_forever_only_when_there_is_no_work(tiny_llm):
         pass
     assert "".join([d async for d in stream]) == reference(tiny_llm, ask("Hi.", 3))[0]
     assert stream.stats.finish_reason is FinishReason.LENGTH
-    assert eng.steps == 4 and eng.batch_sizes == [1, 1, 1]  # prefill, 2 decodes, then a step that frees the row
+    # prefill, 2 decodes, then a step that frees the row
+    assert eng.stats.steps == 4 and eng.stats.batch_sizes == [1, 1, 1]
     assert eng.runner.batch_size == 0 and eng.active == 0
