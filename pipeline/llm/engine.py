@@ -4,11 +4,10 @@ Sessions :meth:`LlmEngine.submit` a :class:`GenRequest` and iterate the returned
 :class:`~pipeline.llm.stream.TokenStream` for text deltas; :meth:`TokenStream.abort`
 (disconnect, cancel, barge-in) stops its generation at the next token step.
 
-The engine thread repeats :meth:`LlmEngine.step`, the glue of vLLM v1's
-``EngineCore.step`` (vllm/v1/engine/core.py): the input processor
-(:mod:`pipeline.llm.input`) turns requests into the scheduler's, the scheduler plans, the
-model runner executes, the output processor (:mod:`pipeline.llm.output`) turns sampled
-tokens into text for the streams. KV-memory arithmetic is the :class:`~pipeline.llm.memory.MemoryPlan`'s.
+The engine thread repeats :meth:`LlmEngine.step`, the glue of vLLM v1's ``EngineCore.step``
+(vllm/v1/engine/core.py): the input processor (:mod:`pipeline.llm.input`) turns requests into
+the scheduler's, the scheduler plans, the model runner executes, the output processor
+(:mod:`pipeline.llm.output`) turns sampled tokens into text for the streams.
 """
 
 from __future__ import annotations
@@ -19,11 +18,12 @@ import math
 import queue
 import threading
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from pipeline.config import LlmConfig, SchedulerConfig
-from pipeline.cpu_share import SHARE
 from pipeline.llm import memory
+from pipeline.llm.host import HostShare
 from pipeline.llm.input import InputProcessor, eos_token_ids
 from pipeline.llm.output import OutputProcessor, end_stream
 from pipeline.llm.prefix import PrefixCacheKeeper
@@ -33,7 +33,7 @@ from pipeline.llm.stats import StepStats
 from pipeline.llm.stream import TokenStream
 from pipeline.llm.types import FinishReason, GenRequest, StepPlan
 from pipeline.serving.faults import NO_FAULTS, FaultInjector, injected
-from pipeline.serving.ladder import free_cached_memory, is_oom, release_free_memory
+from pipeline.serving.ladder import free_cached_memory, is_oom
 from pipeline.worker import MAX_OOM_RETRIES, Busy, CallGuard, name_native_thread
 
 if TYPE_CHECKING:
@@ -50,14 +50,11 @@ class LlmEngine:
     decodes or leaves; the :class:`~pipeline.llm.runner.runner.ModelRunner` executes the
     plan; the :class:`~pipeline.llm.output.OutputProcessor` turns sampled tokens into exact
     text deltas (stop strings applied) for each stream. An aborted stream leaves the batch
-    at the next step and its KV rows are freed.
-
-    The KV-cache token budget comes from a memory budget at load (:attr:`memory`). A request
-    that would overflow it waits for the batch to drain (the scheduler), and admission
-    refuses new turns with ``busy`` reason ``memory`` meanwhile (:attr:`kv_budget`).
+    at the next step and its KV rows are freed. A request that would overflow the KV budget
+    waits for the batch to drain (the scheduler; admission refuses new turns meanwhile).
 
     Attributes:
-        memory: the KV-memory arithmetic (budget, bytes per token, the KV token budget).
+        memory: the KV-memory arithmetic at load (budget, bytes per token, the KV token budget).
         input: the input processor (chat template, checks). output: the output processor.
         prefix: the prefix cache's keeper (sessions' ends, its bound, ``prefix.stats``).
         stats: steps run, a step's time, batch sizes, tokens sampled (:class:`~pipeline.llm.stats.StepStats`).
@@ -69,8 +66,7 @@ class LlmEngine:
     """
 
     def __init__(self, llm: LoadedLLM, cfg: LlmConfig, sched: SchedulerConfig | None = None) -> None:
-        self.llm = llm
-        self.cfg = cfg
+        self.llm, self.cfg = llm, cfg
         pad, eos_ids = llm.tokenizer.pad_token_id, eos_token_ids(llm.tokenizer, llm.model.generation_config)
         self.runner = ModelRunner(llm.model, llm.device, pad if pad is not None else min(eos_ids),
                                   prefix_cache=cfg.prefix_cache)
@@ -87,21 +83,18 @@ class LlmEngine:
         self._stop = False
         self._thread: threading.Thread | None = None
         self.stats = StepStats()
-        self._trimmed_at = 0
+        self.host = HostShare(self.runner, cfg)  # threads per step, heap trimming when idle
         self.faults: FaultInjector = NO_FAULTS  # injected faults (tests, drills)
         self.ladder: OomLadder | None = None  # the out-of-memory ladder (None: an OOM fails the batch)
         self.guard: CallGuard | None = None  # the circuit breaker: told each step's time and outcome
         self.preempted = 0  # requests requeued by an out-of-memory step (recomputed when they run again)
         self._base_batch = sched.max_batch_size
         self._oom_streak = 0
-        self._threads_now = cfg.threads  # torch threads of the engine thread (set by load_llm)
 
     @property
     def depth(self) -> int:
-        """Requests waiting to join the batch, not counting those already aborted: the
-        engine drops them at its next step, and until then they are nobody's wait (a reply
-        cancelled because its user went on speaking must not make that user's next turn
-        look queued). Read from any thread: the GIL makes each ``list`` copy atomic."""
+        """Requests waiting to join the batch, but aborted ones: dropped at the next step, they are
+        nobody's wait (a reply cancelled as its user went on speaking must not make the next turn queue)."""
         with self._inbox.mutex:
             queued = [stream for _, stream in self._inbox.queue]
         waiting = [self.output.stream_of(r.rid) for r in list(self.scheduler.waiting)]
@@ -126,15 +119,12 @@ class LlmEngine:
     @property
     def kv_reserved(self) -> int:
         """KV-cache tokens held or reserved: the batch's requests (prompt + max new tokens
-        each) and the cached blocks they started from (copies while they run: not evictable).
-        Admission's memory check reads this; unreferenced cached blocks are not counted (they
-        are evicted to make room)."""
+        each) and the cached blocks they started from (not evictable while they run)."""
         return self.scheduler.kv_reserved + self.prefix.referenced_tokens()
 
     @property
     def kv_budget(self) -> int:
-        """The KV-cache budget in tokens: the configured ``max_kv_tokens``, lowered to what
-        the memory budget holds (:class:`~pipeline.llm.memory.MemoryPlan`)."""
+        """The KV-cache budget in tokens (:class:`~pipeline.llm.memory.MemoryPlan`)."""
         return self.scheduler.cfg.max_kv_tokens
 
     @property
@@ -178,12 +168,9 @@ class LlmEngine:
         return self.input.count_tokens(messages)
 
     def end_session(self, session: str) -> None:
-        """``session`` ended: its cached KV blocks (those no other session made) are
-        released at the next step (thread-safe)."""
+        """``session`` ended: its cached KV blocks go at the next step (thread-safe)."""
         self.prefix.end_session(session)
         self._wake.set()
-
-    # ---- engine thread ---------------------------------------------------------------
 
     def _run(self) -> None:
         """The engine thread: step; sleep when a step says so, until woken (submit, abort)."""
@@ -217,7 +204,7 @@ class LlmEngine:
         plan = self.scheduler.schedule()
         if plan.empty:
             return self._idle(plan)
-        self._pick_threads()
+        self.host.pick_threads()
         outputs = self._execute(plan)
         if outputs is not None:
             sampled = self.scheduler.update(plan, outputs)
@@ -227,16 +214,10 @@ class LlmEngine:
                 self.output.close(rid, FinishReason.STOP, flush=False)
         return 0.0
 
-    # ---- step parts ------------------------------------------------------------------
-
     def _admit_new(self) -> None:
         """Hand submitted requests to the scheduler; one that can never run ends at once
         with its error (finish reason ``error``), an aborted one with ``abort``."""
-        while True:
-            try:
-                req, stream = self._inbox.get_nowait()
-            except queue.Empty:
-                return
+        for req, stream in self._drain():
             if stream.aborted.is_set():
                 end_stream(stream, FinishReason.ABORT)
                 continue
@@ -248,6 +229,14 @@ class LlmEngine:
             self.output.add(sched, stream, req.stop)
             self.scheduler.add(sched)
 
+    def _drain(self) -> Iterator[tuple[GenRequest, TokenStream]]:
+        """Take submitted requests one at a time until the inbox is empty."""
+        while True:
+            try:
+                yield self._inbox.get_nowait()
+            except queue.Empty:
+                return
+
     def _reap_aborts(self) -> None:
         """End aborted streams; the scheduler drops their requests, and the next plan
         frees their batch rows (``StepPlan.evict``)."""
@@ -256,23 +245,11 @@ class LlmEngine:
             self.output.close(rid, FinishReason.ABORT)
 
     def _idle(self, plan: StepPlan) -> float:
-        """Nothing to run now: how long to sleep (see :meth:`step`). Once per idle period
-        (not on every wake-up), freed heap pages go back to the OS (:func:`release_free_memory`)."""
+        """Nothing to run now: how long to sleep (see :meth:`step`)."""
         if self.scheduler.has_work():
             return plan.wait_s or 0.001
-        if self.stats.steps != self._trimmed_at:
-            self._trimmed_at = self.stats.steps
-            release_free_memory()
+        self.host.idle(self.stats.steps)
         return math.inf
-
-    def _pick_threads(self) -> None:
-        """Borrow the idle cores for this step: ``burst_threads`` while no ASR/TTS call is
-        in progress, else ``threads`` (:mod:`pipeline.cpu_share`)."""
-        cfg = self.cfg
-        want = cfg.burst_threads if cfg.burst_threads > cfg.threads and not SHARE.others_working else cfg.threads
-        if want != self._threads_now:
-            self.runner.set_threads(want)
-            self._threads_now = want
 
     def _execute(self, plan: StepPlan) -> dict[int, int] | None:
         """Run ``plan`` on the model: ``rid -> sampled token``, or None when the step
@@ -295,8 +272,7 @@ class LlmEngine:
             return None
         self._oom_streak = 0
         if plan.decode or plan.prefill:  # an evict-only step says nothing of a step's cost
-            ms = (time.perf_counter() - t0) * 1000
-            self.stats.timed(ms)
+            self.stats.timed(ms := (time.perf_counter() - t0) * 1000)
             if self.guard is not None:
                 self.guard.record(ms / 1000, False)
         return out
@@ -317,8 +293,7 @@ class LlmEngine:
         logger.warning("llm out of memory (%s): %d requests requeued, ladder step %d", exc, requeued, step)
 
     def free_memory(self) -> None:
-        """The ladder's step 1 for the LLM: evict every unreferenced cached block, then
-        :func:`free_cached_memory`."""
+        """The ladder's step 1: evict every unreferenced cached block; :func:`free_cached_memory`."""
         self.prefix.clear()
         free_cached_memory()
 
@@ -340,11 +315,7 @@ class LlmEngine:
 
     def _abort_all(self) -> None:
         """The engine stops: every unfinished stream, queued or live, ends with ``abort``."""
-        while True:
-            try:
-                _, stream = self._inbox.get_nowait()
-            except queue.Empty:
-                break
+        for _, stream in self._drain():
             end_stream(stream, FinishReason.ABORT)
         for rid in list(self.output.live):
             self.scheduler.abort(rid)
