@@ -75,7 +75,7 @@ async def test_abort_frees_the_slot_within_a_step_others_unaffected(engine):
     assert engine.stats.steps - steps <= 2
     assert await collect(short) == ref
     await asyncio.sleep(0.1)
-    assert engine.active == 0 and engine.runner.batch_size == 0 and engine.runner.cache is None
+    assert engine.load().active == 0 and engine.runner.batch_size == 0 and engine.runner.cache is None
 
 
 async def test_stop_strings_and_length(engine):
@@ -234,7 +234,7 @@ async def test_queue_bound_counts_requests_waiting_for_a_slot(llm):
     count = "Count from one to five hundred, one number per line."
     try:
         streams = [eng.submit(ask(count, n=400))]
-        await until(lambda: eng.active == 1)
+        await until(lambda: eng.load().active == 1)
         for i in range(3):
             streams.append(eng.submit(ask(f"Count to {i + 20}.", n=30)))
             await until(lambda i=i: len(eng.scheduler.waiting) == i + 1)  # moved from the inbox to waiting
@@ -244,7 +244,7 @@ async def test_queue_bound_counts_requests_waiting_for_a_slot(llm):
                 streams.append(eng.submit(ask(f"Count to {i + 30}.", n=30)))
             except Busy:
                 busy += 1
-        assert eng.active == 1 and eng.depth == 3 and busy == 4
+        assert eng.load().active == 1 and eng.load().depth == 3 and busy == 4
         for s in streams:
             s.abort()
     finally:
@@ -257,18 +257,18 @@ def test_aborted_requests_leave_the_queue_depth_at_once(llm):
     The steps run by hand here (no engine thread), so nothing moves between the reads."""
     eng = LlmEngine(llm, LlmConfig(), SchedulerConfig(max_batch_size=1, max_wait_ms=0))
     streams = [eng.submit(ask(f"Count to {i + 3}.", n=30)) for i in range(3)]
-    assert eng.depth == 3
+    assert eng.load().depth == 3
     streams[2].abort()
-    assert eng.depth == 2  # still in the inbox
+    assert eng.load().depth == 2  # still in the inbox
     eng.step()  # one joins the batch, one waits for its slot; the aborted one is dropped
-    assert eng.active == 1 and len(eng.scheduler.waiting) == 1 and eng.depth == 1
+    assert eng.load().active == 1 and len(eng.scheduler.waiting) == 1 and eng.load().depth == 1
     streams[1].abort()
-    assert len(eng.scheduler.waiting) == 1 and eng.depth == 0  # there until the next step
+    assert len(eng.scheduler.waiting) == 1 and eng.load().depth == 0  # there until the next step
     eng.step()
-    assert not eng.scheduler.waiting and eng.depth == 0
+    assert not eng.scheduler.waiting and eng.load().depth == 0
     streams[0].abort()
     eng.step()
-    assert eng.active == 0
+    assert eng.load().active == 0
 
 
 async def test_engine_returns_free_memory_when_it_goes_idle(llm, monkeypatch):
@@ -351,7 +351,7 @@ async def test_the_prefix_cache_fills_only_what_the_kv_budget_leaves(llm):
     """With a KV budget of about one full request, many different conversations fill the cache:
     it evicts least recently used blocks and never holds more than the budget leaves."""
     eng = LlmEngine(llm, LlmConfig(memory_budget_mb=1.0), SchedulerConfig(max_wait_ms=5))
-    budget = eng.kv_budget
+    budget = eng.load().kv_budget
     assert budget <= LlmConfig().max_context_tokens + LlmConfig().max_new_tokens  # raised to one full request
     eng.start()
     try:

@@ -138,9 +138,9 @@ async def test_formula_against_the_batch_kv_buffers(tiny_llm):
         assert int(batch.attn.sum()) == held
         # the estimate (prompt + max new tokens per request) bounds what is held; the
         # buffers' over-allocation is exactly the padding, the free slots and the slack
-        assert held * eng.memory.per_token <= eng.memory.kv_bytes(eng.kv_reserved)
-        assert eng.memory.kv_bytes(eng.kv_reserved) == sum(eng.memory.request_bytes(len(r.prompt_ids), r.max_new_tokens)
-                                                          for r in live)
+        reserved = eng.memory.kv_bytes(eng.load().kv_reserved)
+        assert held * eng.memory.per_token <= reserved
+        assert reserved == sum(eng.memory.request_bytes(len(r.prompt_ids), r.max_new_tokens) for r in live)
         assert batch.nbytes - held * eng.memory.per_token == eng.memory.per_token * (slots * cols - held)
         seen.append((held, slots, cols))
 
@@ -175,7 +175,7 @@ def test_the_default_budget_keeps_the_configured_kv_tokens(tiny_llm):
     m = eng.memory
     assert m.source.startswith("weights + available RAM")
     assert m.weights == weights_of(tiny_llm.model)
-    assert m.fit > 16384 and eng.kv_budget == 16384  # RAM is not short here: the configured budget stays
+    assert m.fit > 16384 and eng.load().kv_budget == 16384  # RAM is not short here: the configured budget stays
     assert m.budget > m.weights + m.activations
 
 
@@ -194,7 +194,7 @@ async def test_a_small_budget_serializes_requests_and_admission_says_memory(tiny
     mb = budget_for(tiny_llm, 80.5, **SMALL)
     cfg = VoxpipeConfig(llm=LlmConfig(memory_budget_mb=mb, **SMALL), llm_batch=SCHED).validate()
     eng = LlmEngine(tiny_llm, cfg.llm, cfg.llm_batch)
-    assert eng.memory.source == "--memory-budget" and eng.memory.fit == 80 and eng.kv_budget == 80
+    assert eng.memory.source == "--memory-budget" and eng.memory.fit == 80 and eng.load().kv_budget == 80
     reqs = [ask("Hi.", 30), ask("Yo.", 30)]  # 21 prompt tokens + 30 each: 51 fits, 102 does not
     streams = [eng.submit(r) for r in reqs]
     engines = Engines(vad=FakeVad(), asr=FakeAsr(), llm=eng, tts=FakeTts())
@@ -202,8 +202,8 @@ async def test_a_small_budget_serializes_requests_and_admission_says_memory(tiny
     active, refusals = [], []
 
     def watch() -> None:
-        active.append(eng.active)
-        if eng.active:
+        active.append(eng.load().active)
+        if eng.load().active:
             refusal = admission.decide(engines.load(cfg), spoken=False, end_silence_ms=0,
                                        kv_tokens=cfg.llm.max_context_tokens, now=0.0, count=False)
             refusals.append(refusal and refusal.reason)
@@ -218,7 +218,7 @@ async def test_a_small_budget_serializes_requests_and_admission_says_memory(tiny
     both = LlmEngine(tiny_llm, LlmConfig(**SMALL), SCHED)
     streams = [both.submit(r) for r in reqs]
     sizes = []
-    run_by_hand(both, lambda: sizes.append(both.active))
+    run_by_hand(both, lambda: sizes.append(both.load().active))
     assert max(sizes) == 2
     await asyncio.gather(*(drain(s) for s in streams))
 
@@ -226,7 +226,7 @@ async def test_a_small_budget_serializes_requests_and_admission_says_memory(tiny
 async def test_a_budget_under_one_request_still_runs_a_lone_request(tiny_llm, caplog):
     caplog.set_level("INFO", logger="pipeline.llm.memory")
     eng = LlmEngine(tiny_llm, LlmConfig(memory_budget_mb=0.001, **SMALL), SCHED)
-    assert eng.memory.fit == 0 and eng.kv_budget == 72  # raised to one full request
+    assert eng.memory.fit == 0 and eng.load().kv_budget == 72  # raised to one full request
     assert "raised to one full request of 72" in caplog.text
     stream = eng.submit(ask("Hi.", 8))
     run_by_hand(eng)
@@ -248,7 +248,7 @@ def test_metrics_expose_the_budget_and_the_estimate(tiny_llm):
         return float(line.split()[1])
 
     assert value("voxpipe_llm_kv_bytes_per_token") == 512
-    assert value("voxpipe_llm_kv_reserved_bytes") == 29 * 512 == eng.memory.kv_bytes(eng.kv_reserved)
+    assert value("voxpipe_llm_kv_reserved_bytes") == 29 * 512 == eng.memory.kv_bytes(eng.load().kv_reserved)
     assert value("voxpipe_llm_memory_budget_bytes") == eng.memory.budget
     eng.stop()
 

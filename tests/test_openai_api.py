@@ -479,9 +479,9 @@ async def test_real_disconnect_mid_stream_aborts_the_generation(real_llm_server)
             n += bool(ch.choices and ch.choices[0].delta.content)
             if n == 3:
                 break
-        assert llm.active == 1
+        assert llm.load().active == 1
         await stream.close()
-    await until_true(lambda: llm.active == 0, "the engine's batch empty", MODEL_DEADLINE_S)
+    await until_true(lambda: llm.load().active == 0, "the engine's batch empty", MODEL_DEADLINE_S)
     # aborted, not finished: far fewer steps than the 96 tokens it was allowed
     assert llm.stats.steps - steps0 < 48
 

@@ -34,6 +34,7 @@ from pipeline.llm.stream import TokenStream
 from pipeline.llm.types import FinishReason, GenRequest, StepPlan
 from pipeline.serving.faults import NO_FAULTS, FaultInjector, injected
 from pipeline.serving.ladder import free_cached_memory, is_oom
+from pipeline.serving.types import StageLoad
 from pipeline.worker import MAX_OOM_RETRIES, Busy, CallGuard, name_native_thread
 
 if TYPE_CHECKING:
@@ -91,8 +92,16 @@ class LlmEngine:
         self._base_batch = sched.max_batch_size
         self._oom_streak = 0
 
-    @property
-    def depth(self) -> int:
+    def load(self) -> StageLoad:
+        """The stage's load, from any thread (each read atomic under the GIL). ``depth`` =
+        ``urgent_depth``: every request is a reply someone waits for. ``kv_reserved``: the
+        batch's requests and the cached blocks they started from (not evictable meanwhile)."""
+        depth, sched, cached = self._depth(), self.scheduler, self.prefix.referenced_tokens()
+        return StageLoad(depth=depth, urgent_depth=depth, active=len(sched.running) + len(sched.prefilling),
+                         slots=sched.cfg.max_batch_size, kv_reserved=sched.kv_reserved + cached,
+                         kv_budget=sched.cfg.max_kv_tokens, step_ms=self.stats.step_ms)
+
+    def _depth(self) -> int:
         """Requests waiting to join the batch, but aborted ones: dropped at the next step, they are
         nobody's wait (a reply cancelled as its user went on speaking must not make the next turn queue)."""
         with self._inbox.mutex:
@@ -100,37 +109,6 @@ class LlmEngine:
         waiting = [self.output.stream_of(r.rid) for r in list(self.scheduler.waiting)]
         live = [stream for stream in queued + waiting if stream is not None]
         return sum(not stream.aborted.is_set() for stream in live) + waiting.count(None)
-
-    @property
-    def urgent_depth(self) -> int:
-        """Every LLM request is a reply someone waits for: :attr:`depth`."""
-        return self.depth
-
-    @property
-    def active(self) -> int:
-        """Requests in the batch right now (decoding, or prefilling their prompt)."""
-        return len(self.scheduler.running) + len(self.scheduler.prefilling)
-
-    @property
-    def slots(self) -> int:
-        """The batch's size (``max_batch_size``)."""
-        return self.scheduler.cfg.max_batch_size
-
-    @property
-    def kv_reserved(self) -> int:
-        """KV-cache tokens held or reserved: the batch's requests (prompt + max new tokens
-        each) and the cached blocks they started from (not evictable while they run)."""
-        return self.scheduler.kv_reserved + self.prefix.referenced_tokens()
-
-    @property
-    def kv_budget(self) -> int:
-        """The KV-cache budget in tokens (:class:`~pipeline.llm.memory.MemoryPlan`)."""
-        return self.scheduler.cfg.max_kv_tokens
-
-    @property
-    def step_ms(self) -> float:
-        """Moving average of a model step's time (ms; :attr:`StepStats.step_ms`)."""
-        return self.stats.step_ms
 
     def start(self) -> None:
         """Start the engine thread (idempotent)."""
@@ -155,7 +133,7 @@ class LlmEngine:
         """
         stream = TokenStream(self._wake)
         try:
-            if self.depth >= self._inbox.maxsize:  # the bound covers requests waiting for a slot too
+            if self._depth() >= self._inbox.maxsize:  # the bound covers requests waiting for a slot too
                 raise queue.Full
             self._inbox.put_nowait((req, stream))
         except queue.Full:

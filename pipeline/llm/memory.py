@@ -218,7 +218,7 @@ class MemoryPlan:
 
     def kv_bytes(self, tokens: int) -> int:
         """Bytes of ``tokens`` KV-cache tokens over all layers: ``tokens × per_token`` (e.g.
-        the tokens the batch's requests reserve)."""
+        the batch's reservation, :attr:`~pipeline.serving.types.StageLoad.kv_reserved`)."""
         return tokens * self.per_token
 
     def kv_free(self, reserved: int) -> int:
