@@ -272,10 +272,10 @@ def test_aborted_requests_leave_the_queue_depth_at_once(llm):
 
 
 async def test_engine_returns_free_memory_when_it_goes_idle(llm, monkeypatch):
-    import pipeline.llm.engine as llm_module
+    import pipeline.llm.host as host_module  # the engine's idle trimming lives there
 
     calls = []
-    monkeypatch.setattr(llm_module, "release_free_memory", lambda: calls.append(1))
+    monkeypatch.setattr(host_module, "release_free_memory", lambda: calls.append(1))
     eng = LlmEngine(llm, LlmConfig(), SchedulerConfig(max_wait_ms=0))
     eng.start()
     try:
@@ -288,7 +288,7 @@ async def test_engine_returns_free_memory_when_it_goes_idle(llm, monkeypatch):
     finally:
         eng.stop()
     monkeypatch.undo()
-    llm_module.release_free_memory()  # the real helper is safe to call anywhere
+    host_module.release_free_memory()  # the real helper is safe to call anywhere
 
 
 async def test_an_oom_mid_reply_requeues_the_batch_and_every_reply_is_unchanged(engine, llm):
