@@ -227,10 +227,13 @@ def format_table(rows: list[Row], tp: Throughput | None, head: str) -> str:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--asr-model", default="tiny.en", help="tiny.en, base or a CTranslate2 Whisper folder")
+    from pipeline.config import AsrConfig
+
+    server = AsrConfig()
+    p.add_argument("--asr-model", default=server.model, help="tiny.en, base or a CTranslate2 Whisper folder")
     p.add_argument("--sessions", type=int, nargs="+", default=[1, 2, 4, 8])
-    p.add_argument("--threads", type=int, default=1, help="CTranslate2 threads (the server's budget is 1)")
-    p.add_argument("--max-batch-size", type=int, default=8)
+    p.add_argument("--threads", type=int, default=server.threads, help="CTranslate2 threads (the server's budget)")
+    p.add_argument("--max-batch-size", type=int, default=server.max_batch_size)
     p.add_argument("--speed", type=float, default=1.0, help="audio pace (1 = real time)")
     p.add_argument("--audio-dir", default=str(Path(__file__).resolve().parent.parent / "tests" / "data" / "audio"))
     p.add_argument("--json", action="store_true")

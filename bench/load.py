@@ -258,7 +258,9 @@ def _empty(row: RateRow) -> int:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--llm", default="smollm2")
-    p.add_argument("--slo-ms", type=float, default=2000.0, help="the server's SLO (passed to serve)")
+    from pipeline.config import AdmissionConfig
+
+    p.add_argument("--slo-ms", type=float, default=AdmissionConfig().slo_ms, help="the server's SLO (passed to serve)")
     p.add_argument("--duration", type=float, default=40.0, help="seconds of arrivals per rate")
     p.add_argument("--start-rate", type=float, default=0.1, help="first rate of the sweep (turns/s)")
     p.add_argument("--max-rate", type=float, default=4.0, help="the sweep stops here")

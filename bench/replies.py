@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 
 from bench.parrot import overlap, parrots, words
 from bench.prompts import KINDS, Prompt, load_prompts
+from pipeline.config import LlmConfig
 from pipeline.llm.types import GenRequest, GenStats
 
 PARTNER_PROMPT = ("You are a friendly voice assistant in a spoken conversation. Respond as a conversation "
@@ -40,8 +41,6 @@ class Framing:
 
 def framings() -> dict[str, Framing]:
     """The framings compared, by name; ``server`` is what ``voxpipe serve`` sends by default."""
-    from pipeline.config import LlmConfig
-
     cfg = LlmConfig()
     return {
         "server": Framing(cfg.system_prompt, cfg.examples),
@@ -84,7 +83,6 @@ class Row:
 def messages_for(engine, framing: Framing, text: str) -> list[dict]:
     """The first turn's chat messages for ``text`` as the session builds them (within the
     context budget of :class:`LlmConfig`, counted with ``engine``'s tokenizer)."""
-    from pipeline.config import LlmConfig
     from pipeline.session.history import ChatHistory
 
     cfg = LlmConfig()
@@ -94,7 +92,7 @@ def messages_for(engine, framing: Framing, text: str) -> list[dict]:
 
 
 async def generate(engine, framing: Framing, prompts: list[Prompt], *, concurrency: int = 8,
-                   max_new_tokens: int = 96) -> list[tuple[Reply, GenStats]]:
+                   max_new_tokens: int = LlmConfig().max_new_tokens) -> list[tuple[Reply, GenStats]]:
     """Greedy replies to ``prompts`` (in order) at most ``concurrency`` at a time through a
     started :class:`~pipeline.llm.engine.LlmEngine`; each with its stream's ``GenStats``."""
     gate = asyncio.Semaphore(concurrency)
@@ -140,7 +138,7 @@ def batch1_speed(engine, framing: Framing, prompts: list[Prompt], max_new_tokens
 
 def run_model(model: str, names: list[str], prompts: list[Prompt], args) -> list[Row]:
     """Load ``model`` once and run every framing in ``names`` on ``prompts``."""
-    from pipeline.config import LlmConfig, SchedulerConfig
+    from pipeline.config import SchedulerConfig
     from pipeline.llm.engine import LlmEngine
     from pipeline.llm.loader import load_llm
 
@@ -188,11 +186,11 @@ def add_arguments(p) -> None:
     p.add_argument("--llm", default="qwen,smollm2", help="models, comma-separated (qwen,smollm2)")
     p.add_argument("--framing", default=None,
                    help=f"framings, comma-separated (default all: {', '.join(framings())})")
-    p.add_argument("--device", default="auto",
+    p.add_argument("--device", default=LlmConfig().device,
                    help="auto (the serving default), cpu (bf16), cpu-int4, cpu-fp32, cuda, ...")
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--threads", type=int, default=LlmConfig().threads)
     p.add_argument("--concurrency", type=int, default=8, help="replies generated together (8)")
-    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--max-new-tokens", type=int, default=LlmConfig().max_new_tokens)
     p.add_argument("--kinds", default=",".join(KINDS), help="prompt kinds to run (statement,question,clip)")
     p.add_argument("--show", type=int, default=3, help="parroting replies printed per row (3)")
     p.add_argument("--json", action="store_true", help="print one JSON object (rows with every reply)")

@@ -10,102 +10,39 @@ import sys
 from pathlib import Path
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
+    """The ``voxpipe`` command line: ``serve`` (its configuration flags generated from the config
+    dataclasses, :mod:`cli.flags`), ``ask``, ``bench`` and ``mic``."""
+    from cli.flags import add_config_flags
+    from pipeline.config import AdmissionConfig, LlmConfig, SchedulerConfig, ServerConfig
+
     p = argparse.ArgumentParser(prog="voxpipe", description="Real-time voice assistant server.")
     sub = p.add_subparsers(dest="command", required=True)
+    server = ServerConfig()
+    url = f"ws://{server.host}:{server.port}/ws"
 
-    s = sub.add_parser("serve", help="run the WebSocket server")
-    s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=8765)
-    s.add_argument("--max-sessions", type=int, default=0,
-                   help="open sessions at most; more are refused (HTTP 503 / close 1013); 0: 8 per LLM batch slot")
-    s.add_argument("--llm", default="qwen",
-                   help="qwen (default), smollm2, a local transformers folder, or openai:URL[#MODEL] (a running "
-                        "OpenAI-compatible server, e.g. openai:http://127.0.0.1:8000/v1)")
-    s.add_argument("--llm-api-key", default=None,
-                   help="with --llm openai:URL: the server's API key (default: OPENAI_API_KEY)")
-    s.add_argument("--tokenizer", default=None, metavar="PATH",
-                   help="with --llm openai:URL: a local Hugging Face tokenizer folder that counts the context "
-                        "budget exactly (default: an estimate that errs high, ~3.5 characters per token)")
-    s.add_argument("--llm-timeout-s", type=float, default=30.0,
-                   help="with --llm openai:URL: longest silence of the server on a reply before it fails (s)")
-    s.add_argument("--asr-model", default="tiny.en",
-                   help="tiny.en (default), base (multilingual, detects the language) or a CTranslate2 Whisper folder")
-    s.add_argument("--asr-batch-size", type=int, default=8, help="ASR decode requests (any sessions) run together")
-    s.add_argument("--voice", default="joe", help="joe (default) or a Piper .onnx voice path")
-    from pipeline.tts.choice import TTS_FLAG_HELP
-
-    s.add_argument("--tts", default="piper", metavar="piper|piper:VOICE|coqui:PATH", help=TTS_FLAG_HELP)
-    s.add_argument("--device", default="auto", help="auto (cuda if present, else cpu-int4 on a CPU with native bf16, "
-                   "else cpu-fp32) | cpu (bf16) | cpu-fp32 | cpu-int4 | cpu-int8 (weight-only quantized linears, bf16 "
-                   "activations) | cuda")
-    s.add_argument("--llm-threads", type=int, default=1, help="torch threads for the LLM")
-    s.add_argument("--llm-burst-threads", type=int, default=None, metavar="N",
-                   help="torch threads for an LLM step while ASR and TTS are idle (default: the CPUs this process "
-                        "may use, at most 4; 0: always --llm-threads)")
-    s.add_argument("--tts-threads", type=int, default=1, help="onnxruntime threads per TTS worker")
-    s.add_argument("--max-new-tokens", type=int, default=96)
-    s.add_argument("--max-batch-size", type=int, default=8, help="LLM requests decoding together")
-    s.add_argument("--max-wait-ms", type=float, default=20.0, help="how long a lone LLM request waits for company")
-    s.add_argument("--memory-budget", type=float, default=0.0, metavar="MB",
-                   help="the LLM's memory budget in MiB (weights + KV cache + activations); it caps the KV "
-                        "token budget. 0: auto (CUDA: 0.9 x free device memory; CPU: 0.5 x available RAM)")
-    s.add_argument("--no-prefix-cache", action="store_true",
-                   help="prefill every prompt in full (no KV reuse across a conversation's turns)")
-    s.add_argument("--end-silence-ms", type=int, default=500, help="silence that ends a turn")
-    s.add_argument("--no-vad-gate", action="store_true",
-                   help="run Silero VAD on every window, quiet ones too (default: a silent session skips it)")
-    s.add_argument("--early-end-ms", type=int, default=200,
-                   help="silence after which the reply starts speculatively, held until the turn ends (0: off)")
-    s.add_argument("--slo-ms", type=float, default=2000.0,
-                   help="voice-to-voice latency target: a turn predicted to miss it is refused with busy (ms)")
-    s.add_argument("--no-admission", action="store_true", help="admit every turn, whatever the load")
-    s.add_argument("--fallback-llm", default="auto",
-                   help="smaller LLM for degraded service (out-of-memory ladder step 3, SLO adaptation, LLM "
-                        "breaker): a model name or folder; auto: smollm2 unless --llm is smollm2; none: off")
-    s.add_argument("--preload-fallback", action="store_true",
-                   help="load the fallback LLM at start (default: on first need, in the background)")
-    s.add_argument("--fault", action="append", default=[], metavar="RULE",
-                   help="inject faults for tests and drills: STAGE:KIND[@FIRST][xCOUNT], e.g. llm:oom@1x2, "
-                        "tts:slow:2000@1x*, asr:error@1x* (repeatable; also VOXPIPE_FAULTS; SIGUSR1 stops them)")
-    s.add_argument("--ladder-calm-s", type=float, default=60.0,
-                   help="no out-of-memory error for this long steps a stage's ladder down one level")
-    s.add_argument("--breaker-open-s", type=float, default=10.0,
-                   help="an open circuit breaker rejects calls this long before probing")
-    s.add_argument("--breaker-slow-ms", action="append", default=[], metavar="STAGE=MS",
-                   help="a stage call this long is slow for its breaker (defaults asr=3000, llm=2000, tts=1500)")
-    s.add_argument("--adapt-down-s", type=float, default=60.0,
-                   help="SLO adaptation: time back under the SLO before a step is undone")
-    s.add_argument("--no-adapt", action="store_true", help="do not adapt replies to the SLO at run time")
-    s.add_argument("--token", default=os.environ.get("VOXPIPE_TOKEN") or None,
-                   help="bearer token clients must give (default: $VOXPIPE_TOKEN); required off loopback")
-    s.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
-                   help="a browser origin (scheme://host[:port], or '*') allowed to open /ws besides the page's own")
-    s.add_argument("--allow-host", action="append", default=[], metavar="NAME",
-                   help="a Host name accepted besides localhost/127.0.0.1/[::1] (e.g. behind a proxy)")
-    s.add_argument("--idle-timeout-s", type=float, default=300.0,
-                   help="close a session whose client sends nothing for this long (0: never)")
-    s.add_argument("--audio-rate-x", type=float, default=3.0,
-                   help="audio a client may send, x real time sustained, before the server reads it slower")
-    s.add_argument("--audio-burst-s", type=float, default=60.0,
-                   help="seconds of audio a client may send at once beyond --audio-rate-x")
-    s.add_argument("--text-rate", type=float, default=20.0, help="text frames per second a client may send sustained")
-    s.add_argument("--ray", default=None, metavar="auto|ADDRESS",
+    s = sub.add_parser("serve", help="run the WebSocket server", usage="%(prog)s [options]",
+                       description="Run the WebSocket server. Every setting has a flag; the groups below follow the "
+                                   "configuration's sections (pipeline/config.py).")
+    s.add_argument("--log-level", default="INFO", metavar="LEVEL",
+                   help="logging level: DEBUG, INFO, WARNING, ... (default: INFO)")
+    add_config_flags(s)
+    r = s.add_argument_group("ray", "Run the model stages as Ray Serve deployments.")
+    r.add_argument("--ray", default=None, metavar="auto|ADDRESS",
                    help="run ASR, LLM and TTS as Ray Serve deployments (README 'Scaling out with Ray Serve'): "
                         "auto joins this machine's Ray cluster or starts a local one; ADDRESS: a cluster's HOST:PORT")
-    s.add_argument("--ray-config", default=None, metavar="PATH",
+    r.add_argument("--ray-config", default=None, metavar="PATH",
                    help="with --ray: per-stage deployment options from a Serve config (e.g. deploy/ray-serve.yaml)")
-    s.add_argument("--ray-replicas", action="append", default=[], metavar="STAGE=N",
+    r.add_argument("--ray-replicas", action="append", default=[], metavar="STAGE=N",
                    help="with --ray: replicas of a stage deployment, e.g. llm=2 (repeatable)")
-    s.add_argument("--ray-existing", action="store_true",
+    r.add_argument("--ray-existing", action="store_true",
                    help="with --ray: use the stage deployments already running (serve deploy) instead of deploying")
-    s.add_argument("--ray-cpus", type=int, default=None,
+    r.add_argument("--ray-cpus", type=int, default=None, metavar="N",
                    help="with --ray auto: CPUs of the local Ray cluster it starts when there is none (default: all)")
-    s.add_argument("--log-level", default="INFO")
 
     a = sub.add_parser("ask", help="send an audio file, print and save the spoken reply")
     a.add_argument("audio", help="audio file (WAV, FLAC, ...)")
-    a.add_argument("--url", default="ws://127.0.0.1:8765/ws")
+    a.add_argument("--url", default=url)
     out = a.add_mutually_exclusive_group()
     out.add_argument("--out", default="reply.wav", metavar="PATH",
                      help="where to write the reply audio (WAV; default: reply.wav in the current folder, "
@@ -130,8 +67,8 @@ def _parser() -> argparse.ArgumentParser:
                     help="requests per mode and load (72)")
     bl.add_argument("--concurrency", type=int, default=8)
     bl.add_argument("--rate", type=float, default=1.5, help="Poisson arrivals per second")
-    bl.add_argument("--max-batch-size", type=int, default=8)
-    bl.add_argument("--threads", type=int, default=1)
+    bl.add_argument("--max-batch-size", type=int, default=SchedulerConfig().max_batch_size)
+    bl.add_argument("--threads", type=int, default=LlmConfig().threads)
     bl.add_argument("--rounds", type=int, default=0,
                     help="then run no batching and continuous batching (closed loop) this many more times "
                          "in turns and print each round's ratio and their median (0)")
@@ -172,7 +109,8 @@ def _parser() -> argparse.ArgumentParser:
     bv.add_argument("--lockstep", action="store_true",
                     help="every session plays the clips in the same order (turns end together)")
     bv.add_argument("--server-log", default=None, help="write the server's INFO log to this file")
-    bv.add_argument("--slo-ms", type=float, default=2000.0, help="count answered turns within this voice-to-voice (ms)")
+    bv.add_argument("--slo-ms", type=float, default=AdmissionConfig().slo_ms,
+                    help="count answered turns within this voice-to-voice (ms)")
     bv.add_argument("--serve-args", default="", help="extra 'voxpipe serve' options, e.g. '--tts-threads 2'")
     bv.add_argument("--variant", action="append", default=[], metavar="NAME=SERVE_ARGS",
                     help="one server run per variant with these extra 'voxpipe serve' options (after --serve-args; "
@@ -191,7 +129,7 @@ def _parser() -> argparse.ArgumentParser:
     bv.add_argument("--json", action="store_true")
 
     m = sub.add_parser("mic", help="talk to a server with the local microphone and speaker")
-    m.add_argument("--url", default="ws://127.0.0.1:8765/ws")
+    m.add_argument("--url", default=url)
     m.add_argument("--input-device", default=None, metavar="INDEX|NAME",
                    help="microphone: an index (all digits) or part of a name (see --list-devices)")
     m.add_argument("--output-device", default=None, metavar="INDEX|NAME",
@@ -216,7 +154,7 @@ BENCHES = {"asr": "bench.asr", "load": "bench.load", "quant": "bench.llm_quant",
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``voxpipe`` console script."""
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     if args.command == "serve":
         from cli.serve import serve_command
 

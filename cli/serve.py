@@ -8,6 +8,10 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pipeline.config import LlmConfig, VoxpipeConfig
 
 
 def runtime_env() -> None:
@@ -30,46 +34,8 @@ def serve_command(args) -> int:
     runtime_env()
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # a drill's "stop faults" must never kill a server still starting
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from pipeline.config import (
-        AdmissionConfig,
-        AsrConfig,
-        DegradeConfig,
-        LlmConfig,
-        SchedulerConfig,
-        ServerConfig,
-        TtsConfig,
-        TurnConfig,
-        VoxpipeConfig,
-    )
-    from pipeline.tts.choice import tts_config
-
-    cfg = VoxpipeConfig(
-        turn=TurnConfig(end_silence_ms=args.end_silence_ms, early_end_ms=args.early_end_ms,
-                        vad_gate=not args.no_vad_gate),
-        asr=AsrConfig(model=args.asr_model, max_batch_size=args.asr_batch_size),
-        llm=LlmConfig(model=args.llm, device=args.device, threads=args.llm_threads,
-                      burst_threads=_burst_threads(args),
-                      max_new_tokens=args.max_new_tokens,
-                      memory_budget_mb=args.memory_budget,
-                      prefix_cache=not args.no_prefix_cache, api_key=args.llm_api_key, tokenizer=args.tokenizer,
-                      remote_timeout_s=args.llm_timeout_s),
-        llm_batch=SchedulerConfig(max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms),
-        tts=TtsConfig(voice=args.voice, threads=args.tts_threads),
-        admission=AdmissionConfig(enabled=not args.no_admission, slo_ms=args.slo_ms),
-        server=ServerConfig(host=args.host, port=args.port, max_sessions=args.max_sessions, token=args.token,
-                            allow_origins=tuple(args.allow_origin), allow_hosts=tuple(args.allow_host),
-                            idle_timeout_s=args.idle_timeout_s, audio_rate_x=args.audio_rate_x,
-                            audio_burst_s=args.audio_burst_s, text_rate=args.text_rate),
-    )
     try:
-        cfg.degrade = _degrade_config(args, DegradeConfig)
-        cfg.tts = tts_config(args.tts, voice=args.voice, threads=args.tts_threads)
-        _check_llm(args)
-        cfg.validate()
-    except ValueError as exc:
-        print(f"voxpipe: bad configuration: {exc}", file=sys.stderr)
-        return 2
-    try:
+        cfg = serve_config(args)
         ray_opts = ray_options(args)
     except ValueError as exc:
         print(f"voxpipe: bad configuration: {exc}", file=sys.stderr)
@@ -77,20 +43,27 @@ def serve_command(args) -> int:
     return asyncio.run(_serve_async(cfg, ray_opts))
 
 
-def _burst_threads(args) -> int:
-    """``--llm-burst-threads``, or its default: :func:`~pipeline.cpu_share.auto_burst_threads`
-    in one process; 0 with ``--ray`` (a stage replica's process has no ASR/TTS beside it to
-    yield to, and Ray gives it its CPUs)."""
-    from pipeline.cpu_share import auto_burst_threads
+def serve_config(args) -> VoxpipeConfig:
+    """The validated configuration of ``voxpipe serve``'s parsed flags
+    (:func:`cli.flags.config_from_args`), after the start-up checks that look past the config:
+    model names and folders, the ``--tts`` choice, the flags that go with a remote LLM.
 
-    if args.llm_burst_threads is not None:
-        return args.llm_burst_threads
-    return 0 if args.ray is not None else auto_burst_threads()
+    Raises:
+        ValueError: a bad flag, environment variable or combination, in one line.
+    """
+    from cli.flags import config_from_args
+    from pipeline.tts.choice import resolve_tts
+
+    cfg = config_from_args(args)
+    _check_fallback(cfg.degrade.fallback_llm)
+    cfg.tts = resolve_tts(cfg.tts)
+    _check_llm(cfg.llm, ray=args.ray is not None)
+    return cfg.validate()
 
 
-def _check_llm(args) -> None:
-    """Validate ``--llm`` (a name, a local folder or ``openai:URL[#MODEL]``) and the flags
-    that only go with a remote one.
+def _check_llm(llm: LlmConfig, *, ray: bool) -> None:
+    """Validate ``--llm`` (a name, a local folder or ``openai:URL[#MODEL]``), ``--device`` and
+    the flags that only go with a remote LLM (``ray``: ``--ray`` was given).
 
     Raises:
         ValueError: an unknown name or ``--device``, a bad URL, or
@@ -99,20 +72,34 @@ def _check_llm(args) -> None:
     from pipeline.llm.loader import LLM_CHOICES, check_device
     from pipeline.llm.types import RemoteLlmSpec
 
-    check_device(args.device)
-    if not RemoteLlmSpec.is_remote(args.llm):
-        if args.llm not in LLM_CHOICES and not Path(args.llm).is_dir():
-            raise ValueError(f"--llm {args.llm!r}: use one of {', '.join(LLM_CHOICES)}, a local transformers folder "
+    check_device(llm.device)
+    if not RemoteLlmSpec.is_remote(llm.model):
+        if llm.model not in LLM_CHOICES and not Path(llm.model).is_dir():
+            raise ValueError(f"--llm {llm.model!r}: use one of {', '.join(LLM_CHOICES)}, a local transformers folder "
                              "or openai:URL[#MODEL]")
-        if args.tokenizer or args.llm_api_key:
+        if llm.tokenizer or llm.api_key:
             raise ValueError("--tokenizer and --llm-api-key go with --llm openai:URL (a local model counts with "
                              "its own tokenizer)")
         return
-    RemoteLlmSpec.parse(args.llm)
-    if args.ray is not None:
+    RemoteLlmSpec.parse(llm.model)
+    if ray:
         raise ValueError("--llm openai:URL does not run in Ray Serve deployments: drop --ray")
-    if args.tokenizer and not Path(args.tokenizer).is_dir():
-        raise ValueError(f"--tokenizer {args.tokenizer}: not a folder (give a local Hugging Face tokenizer folder)")
+    if llm.tokenizer and not Path(llm.tokenizer).is_dir():
+        raise ValueError(f"--tokenizer {llm.tokenizer}: not a folder (give a local Hugging Face tokenizer folder)")
+
+
+def _check_fallback(name: str) -> None:
+    """Validate ``--fallback-llm``: ``auto``, ``none``, a model name or a local folder.
+
+    Raises:
+        ValueError: none of these.
+    """
+    from pipeline.llm.loader import LLM_CHOICES
+
+    fallback = name.strip()
+    if fallback not in ("auto", "none", *LLM_CHOICES) and not Path(fallback).is_dir():
+        raise ValueError(f"--fallback-llm {fallback!r}: use auto, none, one of {', '.join(LLM_CHOICES)} or a local "
+                         "transformers folder")
 
 
 def ray_options(args) -> dict | None:
@@ -133,39 +120,6 @@ def ray_options(args) -> dict | None:
         replicas[stage.strip()] = int(n)
     return {"address": args.ray, "config_path": args.ray_config, "replicas": replicas,
             "existing": args.ray_existing, "num_cpus": args.ray_cpus}
-
-
-def _degrade_config(args, cls):
-    """``DegradeConfig`` from the flags and ``VOXPIPE_FAULTS``.
-
-    Raises:
-        ValueError: a ``--breaker-slow-ms`` that is not STAGE=MS.
-    """
-    slow = dict(cls().breaker_slow_ms)
-    for item in args.breaker_slow_ms:
-        stage, _, ms = item.partition("=")
-        try:
-            slow[stage.strip()] = float(ms)
-        except ValueError:
-            raise ValueError(f"--breaker-slow-ms {item!r}: expected STAGE=MS, e.g. tts=1500") from None
-    from pipeline.llm.loader import LLM_CHOICES
-    from pipeline.serving.faults import parse_rules
-
-    fallback = args.fallback_llm.strip()
-    if fallback not in ("auto", "none", *LLM_CHOICES) and not Path(fallback).is_dir():
-        raise ValueError(f"--fallback-llm {fallback!r}: use auto, none, one of {', '.join(LLM_CHOICES)} or a local "
-                         "transformers folder")
-    env = os.environ.get("VOXPIPE_FAULTS")
-    faults = tuple(args.fault)
-    if env is not None:
-        try:
-            parse_rules([env])
-        except ValueError as exc:
-            raise ValueError(f"VOXPIPE_FAULTS: {exc}") from None
-        faults += (env,)
-    return cls(faults=faults, fallback_llm=args.fallback_llm, preload_fallback=args.preload_fallback,
-               ladder_calm_s=args.ladder_calm_s, breaker_open_s=args.breaker_open_s, breaker_slow_ms=slow,
-               adapt=not args.no_adapt, adapt_down_s=args.adapt_down_s)
 
 
 async def _serve_async(cfg, ray_opts: dict | None = None) -> int:

@@ -81,8 +81,9 @@ small, and more threads mostly add synchronisation (not measured beyond 2)."""
 
 
 def auto_burst_threads() -> int:
-    """The default ``LlmConfig.burst_threads`` of ``voxpipe serve``: the CPUs this process
-    may run on (its affinity mask), at most :data:`MAX_AUTO_BURST`."""
+    """What ``LlmConfig.burst_threads`` None (auto) becomes where every stage runs in this process
+    (:func:`pipeline.engines.load_engines`): the CPUs this process may run on (its affinity
+    mask), at most :data:`MAX_AUTO_BURST`."""
     try:
         n = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux

@@ -6,7 +6,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, overload
 
 import numpy as np
@@ -16,6 +16,7 @@ from pipeline.asr.engine import AsrEngine
 from pipeline.asr.loader import load_whisper
 from pipeline.asr.types import AsrRequest
 from pipeline.config import VoxpipeConfig
+from pipeline.cpu_share import auto_burst_threads
 from pipeline.llm.engine import LlmEngine
 from pipeline.llm.loader import load_llm
 from pipeline.llm.types import GenRequest, RemoteLlmSpec
@@ -179,6 +180,8 @@ def load_engines(cfg: VoxpipeConfig) -> Engines:
     from pipeline import model_files
 
     cfg.validate()
+    if cfg.llm.burst_threads is None:  # auto: every stage runs in this process (LlmConfig.burst_threads)
+        cfg = replace(cfg, llm=replace(cfg.llm, burst_threads=auto_burst_threads()))
     t0 = time.perf_counter()
     remote_llm: LlmStage | None = None
     if RemoteLlmSpec.is_remote(cfg.llm.model):  # a remote server is checked before any model loads

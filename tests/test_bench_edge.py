@@ -94,14 +94,14 @@ def test_the_abuser_stream_is_the_clips_with_pauses_cut_in_frames():
 
 
 def test_the_command_line_takes_its_options():
-    from cli.main import _parser
+    from cli.main import build_parser
 
-    args = _parser().parse_args(["bench", "edge", "--scenarios", "alone", "flood_20x", "--turns", "3",
+    args = build_parser().parse_args(["bench", "edge", "--scenarios", "alone", "flood_20x", "--turns", "3",
                                  "--serve-args", "--slo-ms 3000", "--json"])
     assert args.scenarios == ["alone", "flood_20x"] and args.turns == 3 and args.llm == "smollm2"
     assert args.serve_args == "--slo-ms 3000" and args.json and args.server_log is None
     with pytest.raises(SystemExit):
-        _parser().parse_args(["bench", "edge", "--scenarios", "nope"])
+        build_parser().parse_args(["bench", "edge", "--scenarios", "nope"])
 
 
 @pytest.mark.slow

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from bench.voice_variants import COLUMNS, format_table, parse_variants, variant_log
-from cli.main import _parser
+from cli.main import build_parser
 
 
 def test_variants_are_parsed_like_a_shell_in_order():
@@ -26,10 +26,10 @@ def test_bad_variants_are_refused_with_the_reason(items, says):
 
 
 def test_cli_takes_repeated_variants():
-    args = _parser().parse_args(["bench", "voice", "--sessions", "1", "--variant", "piper=",
+    args = build_parser().parse_args(["bench", "voice", "--sessions", "1", "--variant", "piper=",
                                  "--variant", "coqui=--tts coqui:/tmp/v"])
     assert args.variant == ["piper=", "coqui=--tts coqui:/tmp/v"] and args.sessions == [1]
-    assert _parser().parse_args(["bench", "voice"]).variant == []
+    assert build_parser().parse_args(["bench", "voice"]).variant == []
 
 
 def test_each_variant_logs_to_its_own_file():

@@ -27,7 +27,7 @@ from bench.voice import (
     turn_buckets,
     windows,
 )
-from cli.main import _parser
+from cli.main import build_parser
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -153,7 +153,7 @@ def test_compare_cache_runs_the_default_then_no_prefix_cache_appended_to_serve_a
 
 
 def test_cli_flags():
-    p = _parser()
+    p = build_parser()
     a = p.parse_args(["bench", "voice", "--turns", "20", "--compare-cache"])
     assert (a.turns, a.duration, a.compare_cache, a.sessions) == (20, None, True, None)
     assert p.parse_args(["bench", "voice", "--duration", "300", "--sessions", "4"]).duration == 300.0

@@ -11,7 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("audio", "pipeline", "server", "clients", "cli", "bench")
-INFRA = {"pipeline.config", "pipeline.serving_config", "pipeline.worker", "pipeline.metrics",
+INFRA = {"pipeline.config", "pipeline.config_fields", "pipeline.serving_config", "pipeline.worker", "pipeline.metrics",
          "pipeline.model_files", "pipeline.cpu_share", "pipeline"}
 INFRA_ROOMS = ("serving",)  # pure serving policies (admission, ...): beside the infrastructure
 STAGES = ("asr", "llm", "tts")

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 import torch
 
-from cli.main import _parser
+from cli.flags import config_from_args
+from cli.main import build_parser
 from pipeline import metrics
 from pipeline.config import AdmissionConfig, LlmConfig, SchedulerConfig, VoxpipeConfig
 from pipeline.engines import Engines
@@ -254,9 +255,9 @@ def test_metrics_expose_the_budget_and_the_estimate(tiny_llm):
 
 
 def test_memory_budget_option_and_validation():
-    args = _parser().parse_args(["serve", "--memory-budget", "512"])
-    assert args.memory_budget == 512.0
-    assert _parser().parse_args(["serve"]).memory_budget == 0.0
+    args = build_parser().parse_args(["serve", "--memory-budget", "512"])
+    assert config_from_args(args).llm.memory_budget_mb == 512.0
+    assert config_from_args(build_parser().parse_args(["serve"])).llm.memory_budget_mb == 0.0
     for bad in (-1.0, math.nan):
         with pytest.raises(ValueError, match="memory_budget_mb"):
             VoxpipeConfig(llm=LlmConfig(memory_budget_mb=bad)).validate()

@@ -161,11 +161,11 @@ def test_rays_exceptions_become_voxpipes():
 
 
 def test_serve_ray_flags():
-    from cli.main import _parser
+    from cli.main import build_parser
     from cli.serve import ray_options as _ray_options
 
     def opts(*argv: str):
-        return _ray_options(_parser().parse_args(["serve", *argv]))
+        return _ray_options(build_parser().parse_args(["serve", *argv]))
 
     assert opts() is None
     assert opts("--ray", "auto", "--ray-replicas", "llm=2", "--ray-config", "x.yaml") == {

@@ -15,8 +15,8 @@ import pytest
 
 from audio.pcm import resample
 from audio.wav import read_mono
-from pipeline.config import TtsConfig, VoxpipeConfig
-from pipeline.tts.choice import tts_config
+from pipeline.config import TtsConfig
+from pipeline.tts.choice import resolve_tts
 from pipeline.tts.chunker import SentenceChunker, speakable
 from pipeline.tts.coqui import MAX_PIECE_CHARS, CoquiTtsEngine, check_model_folder, pieces
 from tests.conftest import ROOT, running_server
@@ -121,6 +121,11 @@ def test_a_long_phrase_is_spoken_in_pieces():
     assert len(engine.synthesize("Hi there.").audio) > 0 and model.calls == ["Hi there."]
 
 
+def tts_config(flag: str, *, voice: str = "joe", threads: int = 1) -> TtsConfig:
+    """What ``--tts FLAG --voice VOICE --tts-threads THREADS`` configure."""
+    return resolve_tts(TtsConfig(backend=flag, voice=voice, threads=threads))
+
+
 def test_tts_flag_parsing(tmp_path):
     folder = _write_config(tmp_path / "m", {"model": "vits"})
     assert tts_config("piper") == TtsConfig()  # the default: Piper's joe
@@ -148,16 +153,16 @@ def test_serve_with_a_bad_coqui_folder_exits_2_with_one_line(tmp_path):
 
 @pytest.mark.slow  # loads the Piper voice and the random VITS
 def test_default_config_loads_piper_and_the_flag_loads_coqui(vits_dir):
-    from cli.main import _parser
+    from cli.main import build_parser
+    from cli.serve import serve_config
     from pipeline.engines import load_stage
     from pipeline.tts.coqui import CoquiTtsEngine
     from pipeline.tts.engine import TtsEngine
 
-    args = _parser().parse_args(["serve"])
-    default = load_stage(VoxpipeConfig(tts=tts_config(args.tts, voice=args.voice)), "tts")
+    default = load_stage(serve_config(build_parser().parse_args(["serve"])), "tts")
     assert type(default) is TtsEngine
-    args = _parser().parse_args(["serve", "--tts", f"coqui:{vits_dir}", "--tts-threads", "1"])
-    coqui = load_stage(VoxpipeConfig(tts=tts_config(args.tts, voice=args.voice, threads=args.tts_threads)), "tts")
+    args = build_parser().parse_args(["serve", "--tts", f"coqui:{vits_dir}", "--tts-threads", "1"])
+    coqui = load_stage(serve_config(args), "tts")
     assert isinstance(coqui, CoquiTtsEngine) and coqui.sample_rate == 22050
     speech = coqui.synthesize("Hello there, how are you today?")
     assert speech.audio.dtype == np.float32 and speech.audio.ndim == 1 and speech.sample_rate == 22050

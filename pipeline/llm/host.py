@@ -30,9 +30,10 @@ class HostShare:
 
     def pick_threads(self) -> None:
         """Borrow the idle cores for the next step: ``burst_threads`` while no ASR/TTS call is
-        in progress, else ``threads``."""
+        in progress, else ``threads`` (``burst_threads`` None: no burst)."""
         cfg = self.cfg
-        want = cfg.burst_threads if cfg.burst_threads > cfg.threads and not SHARE.others_working else cfg.threads
+        burst = cfg.burst_threads or 0
+        want = burst if burst > cfg.threads and not SHARE.others_working else cfg.threads
         if want != self._threads_now:
             self.runner.set_threads(want)
             self._threads_now = want

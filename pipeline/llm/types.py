@@ -8,6 +8,8 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from pipeline.config import LlmConfig
+
 
 @dataclass(slots=True)
 class GenRequest:
@@ -15,7 +17,7 @@ class GenRequest:
 
     Attributes:
         messages: chat messages ``[{"role": ..., "content": ...}]`` (system first).
-        max_new_tokens: most tokens to generate.
+        max_new_tokens: most tokens to generate (default: ``LlmConfig.max_new_tokens``).
         temperature: 0 = greedy (default); >0 samples.
         top_p: nucleus sampling mass when sampling.
         seed: seeds this request's own random generator when sampling (same seed,
@@ -30,7 +32,7 @@ class GenRequest:
     """
 
     messages: list[dict]
-    max_new_tokens: int = 96
+    max_new_tokens: int = LlmConfig().max_new_tokens
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int = 0
