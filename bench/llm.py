@@ -15,7 +15,7 @@ batch; at 72 requests and concurrency 8 that tail is ~35 of ~270 steps at a mean
 ~4). So there are two throughputs: ``tok/s`` over the whole run, and ``steady tok/s`` over
 the window from the start to the last request's submission, while every client still had a
 request in flight (for Poisson load: while requests still arrived). Tokens are counted per
-engine step (``LlmEngine.token_log``). No batching has no drain, so its two agree; the
+engine step (``LlmEngine.stats.token_log``). No batching has no drain, so its two agree; the
 target "at concurrency 8" is read on the steady column. The no-batching Poisson rows are
 overloaded at 1.5 req/s (capacity is ~0.8 req/s), so their latency grows with the run length.
 Memory: peak RSS on CPU (VmHWM, reset per row), peak allocated GPU memory on CUDA, where a
@@ -182,8 +182,8 @@ def run_mode(llm, mode: str, sched, load: str, n: int, concurrency: int, rate: f
     engine.start()
     try:
         asyncio.run(_closed_loop(engine, [("Hi", 4)], 1, tqdm(disable=True)))  # warm-up
-        engine.batch_sizes.clear()
-        engine.token_log.clear()
+        engine.stats.batch_sizes.clear()
+        engine.stats.token_log.clear()
         _reset_peak_memory(llm.device)
         work = _workload(n)
         with tqdm(total=n, desc=f"{mode} / {load}", unit="req", leave=False) as bar, \
@@ -201,12 +201,12 @@ def run_mode(llm, mode: str, sched, load: str, n: int, concurrency: int, rate: f
     toks = sum(r[2] for r in results)
     # steady state: from the start to the last submission (all clients / arrivals still active)
     last = max(r[3] for r in results) - t0
-    steady = sum(k for t, k in engine.token_log if t <= t0 + last) / last if last > 1 else toks / wall
+    steady = sum(k for t, k in engine.stats.token_log if t <= t0 + last) / last if last > 1 else toks / wall
     return Row(mode=mode, dtype=str(llm.dtype).replace("torch.", ""), load=load, requests=n,
                qps=round(n / wall, 3), ttft_p50_ms=round(_pct(ttft, 50)), ttft_p99_ms=round(_pct(ttft, 99)),
                latency_p50_ms=round(_pct(lat, 50)), latency_p99_ms=round(_pct(lat, 99)),
                tok_s=round(toks / wall, 1), steady_tok_s=round(steady, 1),
-               mean_batch=round(statistics.mean(engine.batch_sizes), 2) if engine.batch_sizes else 0.0,
+               mean_batch=round(statistics.mean(engine.stats.batch_sizes), 2) if engine.stats.batch_sizes else 0.0,
                peak_mem_mb=round(_peak_memory_mb(llm.device), 1), gpu_util_pct=gpu.mean)
 
 

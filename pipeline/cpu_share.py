@@ -41,9 +41,9 @@ OMP_SPIN_COUNT = 10000
 """libgomp's spins before an idle OpenMP worker sleeps (``GOMP_SPINCOUNT``; libgomp counts
 ~100,000 spins per ms, so ~0.1 ms). With ``OMP_WAIT_POLICY=PASSIVE`` alone it is 0: every
 one of a decode step's ~170 parallel kernels then wakes the LLM's second thread through a
-futex, and two threads decoded *slower* than one (default Qwen int4, batch 1: 28 vs 34
-tok/s; with this spin 44–50 vs 29–37, the spread of one noisy afternoon). An idle server
-still spins for nothing: a worker sleeps 0.1 ms after its last kernel."""
+futex, and two threads decoded *slower* than one; with this spin two threads are faster
+(docs/BENCHMARKS.md). An idle server still spins for nothing: a worker sleeps 0.1 ms after
+its last kernel."""
 
 
 class CpuShare:
@@ -75,9 +75,9 @@ SHARE = CpuShare()
 """The process's one instance."""
 
 MAX_AUTO_BURST = 4
-"""``voxpipe serve``'s default burst is the CPUs this process may use, at most this many:
-measured at 2 on a 2-core CPU (README "Benchmarks"); a 0.5 B model's per-layer matrices are
-small, and more threads mostly add synchronisation (not measured beyond 2)."""
+"""``voxpipe serve``'s default burst is the CPUs this process may use, at most this many: a
+0.5 B model's per-layer matrices are small, and more threads mostly add synchronisation
+(measured only up to 2 threads: docs/BENCHMARKS.md)."""
 
 
 def auto_burst_threads() -> int:

@@ -22,6 +22,7 @@ from pipeline.llm.engine import LlmEngine
 from pipeline.llm.loader import load_llm
 from pipeline.llm.types import GenRequest, RemoteLlmSpec
 from pipeline.serving.admission import Load
+from pipeline.serving.types import StageLoad
 from pipeline.stages import AsrStage, LlmStage, Stage, TtsStage, VadModel
 from pipeline.tts.engine import PhraseEngine, TtsEngine
 from pipeline.tts.loader import load_voice
@@ -112,9 +113,9 @@ class Engines:
     tts: TtsStage
     fallback_llm: FallbackLlm | None = None
 
-    def queue_depths(self) -> dict[str, int]:
-        """Waiting requests per stage."""
-        return {"asr": self.asr.depth, "llm": self.llm.depth, "tts": self.tts.depth}
+    def loads(self) -> dict[str, StageLoad]:
+        """Each stage's load snapshot, by stage name (``asr``, ``llm``, ``tts``)."""
+        return {"asr": self.asr.load(), "llm": self.llm.load(), "tts": self.tts.load()}
 
     def end_session(self, session: str) -> None:
         """``session`` ended: the LLMs may release its cached KV."""
@@ -124,12 +125,8 @@ class Engines:
 
     def load(self, cfg: VoxpipeConfig) -> Load:
         """A snapshot of the stages' queues for admission (:mod:`pipeline.serving.admission`)."""
-        llm = self.llm
-        # partial transcripts and later phrases wait behind urgent work: they don't delay a turn
-        return Load(asr_waiting=self.asr.urgent_depth, asr_batch=cfg.asr.max_batch_size, llm_waiting=llm.depth,
-                    llm_running=llm.active, llm_slots=llm.slots, kv_reserved=llm.kv_reserved,
-                    kv_budget=llm.kv_budget, llm_step_ms=llm.step_ms, tts_waiting=self.tts.urgent_depth,
-                    tts_workers=cfg.tts.workers)
+        return Load.of(self.asr.load(), self.llm.load(), self.tts.load(), asr_batch=cfg.asr.max_batch_size,
+                       tts_workers=cfg.tts.workers)
 
     def start(self) -> None:
         """Start every stage's workers."""

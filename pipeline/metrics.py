@@ -1,6 +1,7 @@
 """Prometheus metrics (prometheus_client), exported at ``/metrics``.
 
-Latencies are histograms in seconds; queue depths are read from the engines when scraped.
+Latencies are histograms in seconds; the stages' loads (``stage.load()``) are read from the
+engines when scraped.
 """
 
 from __future__ import annotations
@@ -96,16 +97,17 @@ DEGRADED_REPLIES = Counter("voxpipe_degraded_replies_total",
 def render(engines=None) -> bytes:
     """Prometheus text exposition of every metric, refreshing gauges from ``engines``."""
     if engines is not None:
-        for stage, depth in engines.queue_depths().items():
-            QUEUE_DEPTH.labels(stage).set(depth)
-        LLM_RUNNING.set(engines.llm.active)
-        per_token = getattr(engines.llm, "kv_bytes_per_token", None)  # stages without the estimate skip these
-        if per_token is not None:
-            LLM_KV_PER_TOKEN.set(per_token)
-            LLM_KV_RESERVED.set(engines.llm.kv_reserved * per_token)
-            LLM_MEMORY_BUDGET.set(engines.llm.memory_budget_bytes)
-        stats = getattr(engines.llm, "prefix_cache_stats", None)
-        if stats is not None:
-            PREFIX_TOKENS.set(stats[3])
+        loads = engines.loads()
+        for stage, load in loads.items():
+            QUEUE_DEPTH.labels(stage).set(load.depth)
+        LLM_RUNNING.set(loads["llm"].active)
+        plan = getattr(engines.llm, "memory", None)  # the in-process engine's MemoryPlan; other stages skip these
+        if plan is not None:
+            LLM_KV_PER_TOKEN.set(plan.per_token)
+            LLM_KV_RESERVED.set(plan.kv_bytes(loads["llm"].kv_reserved))
+            LLM_MEMORY_BUDGET.set(plan.budget)
+        prefix = getattr(engines.llm, "prefix", None)  # the in-process engine's prefix cache keeper
+        if prefix is not None:
+            PREFIX_TOKENS.set(prefix.stats[3])
     RSS_BYTES.set(psutil.Process().memory_info().rss)  # current, not peak (ru_maxrss)
     return generate_latest(REGISTRY)

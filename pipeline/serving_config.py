@@ -10,6 +10,8 @@ import math
 from dataclasses import dataclass
 
 from pipeline.config_fields import check_ranges, flag
+from pipeline.fault_rules import ENV as FAULTS_ENV
+from pipeline.fault_rules import parse_rules
 
 
 @dataclass(slots=True, kw_only=True)
@@ -84,7 +86,7 @@ class DegradeConfig:
     """Degrade, don't die: the out-of-memory ladder, circuit breakers, SLO adaptation, the
     fallback model and fault injection (:mod:`pipeline.serving.governor`)."""
 
-    faults: tuple[str, ...] = flag((), name="--fault", metavar="RULE", env="VOXPIPE_FAULTS")
+    faults: tuple[str, ...] = flag((), name="--fault", metavar="RULE", env=FAULTS_ENV)
     """Fault-injection rules for tests and drills: STAGE:KIND[@FIRST][xCOUNT], e.g.
     ``llm:oom@1x2``, ``tts:slow:2000@1x*``, ``asr:error@1x*`` (SIGUSR1 stops them).
 
@@ -146,8 +148,6 @@ class DegradeConfig:
         """Raises:
             ValueError: a bad fault rule, a duration, rate or count out of range, or a slow
                 time for an unknown stage."""
-        from pipeline.serving.faults import parse_rules
-
         parse_rules(self.faults)  # raises ValueError for a bad rule
         for name in ("ladder_calm_s", "breaker_window_s", "breaker_open_s", "adapt_window_s", "adapt_down_s"):
             value = getattr(self, name)

@@ -16,6 +16,7 @@ import numpy as np
 
 from pipeline.asr.types import AsrRequest, DecodeRequest, DecodeResult, Transcript
 from pipeline.llm.types import GenRequest, GenStats
+from pipeline.serving.types import StageLoad
 from pipeline.tts.types import Speech
 
 
@@ -37,17 +38,11 @@ class VadModel(Protocol):
 
 
 class Stage(Protocol):
-    """What the process does with every model stage: start, stop, watch its queue."""
+    """What the process does with every model stage: start, stop, watch its load."""
 
-    @property
-    def depth(self) -> int:
-        """Requests waiting in the stage's queue."""
-        ...
-
-    @property
-    def urgent_depth(self) -> int:
-        """Requests waiting at the most urgent priority (0): what a latency-critical
-        request (a final transcript, a reply's first phrase) queues behind."""
+    def load(self) -> StageLoad:
+        """The stage's load now: one consistent snapshot, cheap to take (admission takes
+        one per turn, on the event loop); fields that do not apply are 0."""
         ...
 
     def start(self) -> None:
@@ -116,31 +111,6 @@ class LlmStage(Stage, Protocol):
 
     def end_session(self, session: str) -> None:
         """``session`` ended: what the stage keeps for it (cached KV) may go (thread-safe)."""
-        ...
-
-    @property
-    def active(self) -> int:
-        """Requests in the batch now."""
-        ...
-
-    @property
-    def slots(self) -> int:
-        """The batch's size."""
-        ...
-
-    @property
-    def kv_reserved(self) -> int:
-        """KV-cache tokens the batch's requests may hold."""
-        ...
-
-    @property
-    def kv_budget(self) -> int:
-        """The KV-cache budget (tokens)."""
-        ...
-
-    @property
-    def step_ms(self) -> float:
-        """Measured time per engine step now (ms; 0 before the first)."""
         ...
 
 

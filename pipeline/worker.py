@@ -25,6 +25,7 @@ from pipeline.cpu_share import SHARE
 from pipeline.errors import Busy
 from pipeline.serving.faults import NO_FAULTS, FaultInjector, injected
 from pipeline.serving.ladder import free_cached_memory, is_oom
+from pipeline.serving.types import StageLoad
 
 if TYPE_CHECKING:
     from pipeline.serving.ladder import OomLadder
@@ -145,6 +146,11 @@ class BatchWorker(Generic[In, Out]):
         with self._queue.mutex:  # the heap is read under the queue's own lock
             return sum(1 for job in self._queue.queue
                        if job.priority == 0 and job.future is not None and not job.future.cancelled())
+
+    def load(self) -> StageLoad:
+        """The stage's load: :attr:`depth` and :attr:`urgent_depth` (no batch slots or KV
+        cache here: those fields are 0). Call on the event loop's thread, as :attr:`urgent_depth`."""
+        return StageLoad(depth=self.depth, urgent_depth=self.urgent_depth)
 
     def submit(self, item: In, *, priority: int | None = None) -> asyncio.Future[Out]:
         """Queue ``item`` (``priority``: 0 = most urgent; None: :meth:`priority` decides);

@@ -18,8 +18,9 @@ from websockets.protocol import State
 from pipeline import metrics
 from pipeline.config import VoxpipeConfig
 from pipeline.engines import Engines
+from pipeline.fault_rules import parse_rules
 from pipeline.serving.admission import Admission
-from pipeline.serving.faults import FaultInjector, parse_rules
+from pipeline.serving.faults import FaultInjector
 from pipeline.serving.governor import Governor
 from pipeline.serving.loop_lag import LoopLag
 from pipeline.session.events import InputEnd, ResponseCancel, SessionEnd, SessionStart, TextInput

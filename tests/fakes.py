@@ -21,6 +21,7 @@ from pipeline.asr.types import AsrRequest, DecodeRequest, DecodeResult, Transcri
 from pipeline.engines import Engines
 from pipeline.errors import Busy
 from pipeline.llm.types import FinishReason, GenRequest, GenStats
+from pipeline.serving.types import StageLoad
 from pipeline.tts.types import Speech
 
 WORD_LEVEL = 0.05
@@ -102,8 +103,14 @@ class ScriptedVadStream:
 
 
 class _Stage:
+    """A stage's load as plain attributes that tests set (``llm.depth = 16``); :meth:`load`
+    snapshots them."""
+
     depth = 0
     urgent_depth = 0
+
+    def load(self) -> StageLoad:
+        return StageLoad(depth=self.depth, urgent_depth=self.urgent_depth)
 
     def start(self) -> None:
         pass
@@ -241,6 +248,10 @@ class FakeLlm(_Stage):
     kv_reserved = 0
     kv_budget = 1 << 20
     step_ms = 0.0
+
+    def load(self) -> StageLoad:
+        return StageLoad(depth=self.depth, urgent_depth=self.urgent_depth, active=self.active, slots=self.slots,
+                         kv_reserved=self.kv_reserved, kv_budget=self.kv_budget, step_ms=self.step_ms)
 
     @property
     def aborted(self) -> list[int]:

@@ -6,9 +6,15 @@ An arrow runs from file A to file B when A imports B anywhere: at the top, insid
 function, or under ``if TYPE_CHECKING:`` (a circle is a circle, however it is hidden).
 ``from P import N`` is an arrow to ``P/N`` when N is a module, else to P's own file (its
 ``.py`` or ``__init__.py``); ``import P.Q.R`` is an arrow to R's file only (the packages on
-the way are the folders themselves, not arrows). A folder is a package directory; an arrow
-runs from folder F to folder G (F ≠ G) when a file directly in F imports a file directly
-in G.
+the way are the folders themselves, not arrows).
+
+Between folders, the graph is read room by room, as a plan of the house is: inside each
+folder F, its rooms are its subfolders (each with everything below it) and the files directly
+in F. A file arrow from A to B is a room arrow inside the deepest folder holding both, from
+the room holding A to the room holding B; a circle of rooms inside any folder is a circle
+between folders (e.g. ``pipeline/serving_config.py`` → ``pipeline/serving/`` while a file in
+``pipeline/serving/`` imports ``pipeline/config.py``, which imports
+``pipeline/serving_config.py``), even where no circle of files closes.
 """
 
 from __future__ import annotations
@@ -95,16 +101,37 @@ def file_graph(tree: Tree) -> dict[Path, set[Path]]:
     return {rel: imported_files(tree, rel) for rel in tree.files()}
 
 
-def folder_graph(files: Mapping[Path, Iterable[Path]]) -> dict[Path, dict[Path, list[Arrow]]]:
-    """Folder → folder it imports → the file arrows behind that folder arrow (sorted)."""
-    out: dict[Path, dict[Path, list[Arrow]]] = {}
+def room_of(folder: Path, rel: Path) -> Path:
+    """The room of ``folder`` that holds the file ``rel`` (below ``folder``): the file itself
+    if it lies directly in ``folder``, else the subfolder of ``folder`` it lies under."""
+    return Path(*rel.parts[: len(folder.parts) + 1])
+
+
+def common_folder(a: Path, b: Path) -> Path:
+    """The deepest folder holding both files (``Path()`` for the tree's root)."""
+    shared: list[str] = []
+    for x, y in zip(a.parent.parts, b.parent.parts):
+        if x != y:
+            break
+        shared.append(x)
+    return Path(*shared)
+
+
+def room_graphs(files: Mapping[Path, Iterable[Path]]) -> dict[Path, dict[Path, dict[Path, list[Arrow]]]]:
+    """Folder → (room → room it imports → the file arrows behind that room arrow, sorted),
+    for every folder in which some file arrow crosses between two of its rooms (see the
+    module docstring)."""
+    out: dict[Path, dict[Path, dict[Path, list[Arrow]]]] = {}
     for a, targets in files.items():
         for b in targets:
-            if a.parent != b.parent:
-                out.setdefault(a.parent, {}).setdefault(b.parent, []).append((a, b))
-    for arrows in out.values():
-        for pairs in arrows.values():
-            pairs.sort()
+            folder = common_folder(a, b)
+            ra, rb = room_of(folder, a), room_of(folder, b)
+            if ra != rb:
+                out.setdefault(folder, {}).setdefault(ra, {}).setdefault(rb, []).append((a, b))
+    for rooms in out.values():
+        for arrows in rooms.values():
+            for pairs in arrows.values():
+                pairs.sort()
     return out
 
 
@@ -161,12 +188,13 @@ def describe_file_circle(circle: list[Path], files: Mapping[Path, Iterable[Path]
     return "\n".join(lines)
 
 
-def describe_folder_circle(circle: list[Path], folders: Mapping[Path, Mapping[Path, list[Arrow]]]) -> str:
-    """A circle of folders, each folder arrow between its members with the file arrows behind it."""
+def describe_room_circle(folder: Path, circle: list[Path], rooms: Mapping[Path, Mapping[Path, list[Arrow]]]) -> str:
+    """A circle of rooms inside ``folder``, each room arrow between its members with the file
+    arrows behind it."""
     members = set(circle)
-    lines = [f"circle of {len(circle)} folders: " + ", ".join(map(str, circle))]
+    lines = [f"circle of {len(circle)} rooms in {folder}/: " + ", ".join(map(str, circle))]
     for a in circle:
-        for b, pairs in sorted(folders.get(a, {}).items()):
+        for b, pairs in sorted(rooms.get(a, {}).items()):
             if b in members:
                 lines.append(f"  {a} -> {b}: " + "; ".join(f"{x} -> {y}" for x, y in pairs))
     return "\n".join(lines)

@@ -10,6 +10,7 @@ import pytest
 
 from pipeline.config import AdmissionConfig, TurnConfig, VoxpipeConfig
 from pipeline.serving.admission import Admission, Ewma, Load, Prediction, RatioQuantile
+from pipeline.serving.types import StageLoad
 from pipeline.session import events as ev
 from tests.fakes import Delta, FakeAsr, FakeLlm, LlmReply, fake_engines, silence, tone
 from tests.session_harness import Audio, Cancel, Harness, Start, Text, WaitFor, WaitUntil
@@ -19,6 +20,20 @@ IDLE = Load()
 
 def policy(**cfg) -> Admission:
     return Admission(AdmissionConfig(**cfg))
+
+
+def test_the_load_reads_urgent_asr_and_tts_work_and_the_whole_llm_snapshot():
+    asr, tts = StageLoad(depth=5, urgent_depth=2), StageLoad(depth=4, urgent_depth=1)
+    llm = StageLoad(depth=3, urgent_depth=3, active=4, slots=8, kv_reserved=100, kv_budget=1000, step_ms=12.5)
+    assert Load.of(asr, llm, tts, asr_batch=6, tts_workers=2) == Load(
+        asr_waiting=2, asr_batch=6, llm_waiting=3, llm_running=4, llm_slots=8, kv_reserved=100, kv_budget=1000,
+        llm_step_ms=12.5, tts_waiting=1, tts_workers=2)
+    fake = FakeLlm()
+    fake.depth = 7
+    engines, cfg = fake_engines(llm=fake), VoxpipeConfig()
+    assert engines.load(cfg) == Load.of(StageLoad(), fake.load(), StageLoad(), asr_batch=cfg.asr.max_batch_size,
+                                        tts_workers=cfg.tts.workers)
+    assert engines.load(cfg).llm_waiting == 7 and engines.loads()["llm"].depth == 7
 
 
 def test_an_idle_server_admits_a_turn_and_predicts_the_sum_of_its_stages():

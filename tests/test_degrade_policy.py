@@ -11,8 +11,9 @@ import pytest
 
 from pipeline.config import DegradeConfig, VoxpipeConfig
 from pipeline.errors import Busy
+from pipeline.fault_rules import FaultRule, parse_rules
 from pipeline.serving.breaker import State
-from pipeline.serving.faults import FaultInjector, FaultRule, InjectedFault, InjectedOom, parse_rules
+from pipeline.serving.faults import FaultInjector, InjectedFault, InjectedOom
 from pipeline.serving.governor import Governor
 from pipeline.serving.ladder import OomLadder, is_oom
 from pipeline.serving.slo_adapt import SloAdapter, p95

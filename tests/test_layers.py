@@ -15,17 +15,19 @@ from tests import import_graph
 from tests.import_graph import (
     Tree,
     circles,
+    common_folder,
     describe_file_circle,
-    describe_folder_circle,
+    describe_room_circle,
     file_graph,
-    folder_graph,
     private_imports,
+    room_graphs,
+    room_of,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("audio", "pipeline", "server", "clients", "cli", "bench")
 INFRA = {"pipeline.config", "pipeline.config_fields", "pipeline.serving_config", "pipeline.worker", "pipeline.errors",
-         "pipeline.metrics", "pipeline.model_files", "pipeline.cpu_share", "pipeline"}
+         "pipeline.fault_rules", "pipeline.metrics", "pipeline.model_files", "pipeline.cpu_share", "pipeline"}
 INFRA_ROOMS = ("serving",)  # pure serving policies (admission, ...): beside the infrastructure
 STAGES = ("asr", "llm", "tts")
 RANK = {"audio": 0, "infra": 1, "asr": 2, "llm": 2, "tts": 2, "engines": 3, "session": 4, "server": 5,
@@ -115,29 +117,6 @@ def test_torch_stays_behind_the_runner_fence(path: Path):
 # ---- circles --------------------------------------------------------------------------
 
 
-FOLDER_ARROWS_TO_TURN = {
-    ("pipeline/llm/runner", "pipeline/llm"):
-        "runner.py takes SamplingParams, SchedRequest, StepPlan from llm/types.py, while the engine "
-        "imports the runner: the types the runner executes belong below it (or the runner states them "
-        "as protocols)",
-    ("pipeline", "pipeline/asr"): "engines.py and stages.py compose the stages from pipeline/, the folder "
-                                  "the stages take their config and worker from: the composition needs "
-                                  "its own folder",
-    ("pipeline", "pipeline/llm"): "as pipeline -> pipeline/asr (engines.py, stages.py)",
-    ("pipeline", "pipeline/tts"): "as pipeline -> pipeline/asr (engines.py, stages.py)",
-    ("pipeline", "pipeline/serving"):
-        "worker.py takes the fault injector and the OOM ladder from serving/, config.py parses fault "
-        "rules with serving/faults.py, engines.py imports admission; serving/ takes config, errors and "
-        "metrics from pipeline/: worker.py belongs in serving/, the fault-rule grammar below it",
-    ("server/realtime", "server"):
-        "realtime/outbox.py subclasses server/outbox.py's WsOutbox and realtime/wire.py uses "
-        "server/protocol.py's json_kind, while server/app.py composes realtime: the pieces both wire "
-        "formats share need a folder of their own",
-}
-"""Folder arrows that close a circle today, each with what ties it and the move that turns it.
-Issue 30 wants none: the test fails on any other circle, and on an entry that no longer
-exists (take it off)."""
-
 PRIVATE_USES_TO_REMOVE: set[tuple[str, str]] = set()
 """Private names still taken across modules (none: keep it so). The test fails once an entry is
 gone: take it off."""
@@ -154,14 +133,9 @@ def test_no_circle_between_files(graph):
 
 
 def test_no_circle_between_folders(graph):
-    folders = folder_graph(graph)
-    arrows = {(str(a), str(b)) for a, targets in folders.items() for b in targets}
-    stale = sorted(set(FOLDER_ARROWS_TO_TURN) - arrows)
-    assert not stale, f"no longer an arrow: take {stale} off FOLDER_ARROWS_TO_TURN"
-    rest = {a: [b for b in targets if (str(a), str(b)) not in FOLDER_ARROWS_TO_TURN] for a, targets in folders.items()}
-    found = circles(rest)
-    assert not found, "folders that import each other:\n" + "\n".join(
-        describe_folder_circle(c, folders) for c in found)
+    found = [describe_room_circle(folder, c, rooms) for folder, rooms in sorted(room_graphs(graph).items())
+             for c in circles(rooms)]
+    assert not found, "folders (rooms of a folder) that import each other:\n" + "\n".join(found)
 
 
 def test_no_module_takes_another_modules_private_name():
@@ -209,20 +183,32 @@ def test_the_checker_sees_circles_hidden_in_functions_and_type_checking(tmp_path
 def test_the_checker_sees_a_circle_between_folders_without_one_between_files(tmp_path):
     tree = _plant(tmp_path, {
         "pkg/__init__.py": "",
-        "pkg/top.py": "from pkg.sub.low import x\n",
-        "pkg/base.py": "y = 1\n",
+        "pkg/top.py": "from pkg.sub.low import x\n",  # down into sub/: fine alone
+        "pkg/base.py": "def late():\n    from pkg.sub import other\n",  # ... but base.py goes down too
         "pkg/sub/__init__.py": "",
-        "pkg/sub/low.py": "from ..base import y\nx = y\n",
-        "pkg/other/__init__.py": "from pkg.sub import low\n",  # the folder pkg/other itself imports pkg/sub
+        "pkg/sub/low.py": "from ..base import late\nx = late\n",  # and sub/ comes back up to base.py
+        "pkg/sub/other.py": "y = 1\n",
+        "pkg/side/__init__.py": "from pkg.sub import low\n",  # a sibling folder: one way only
     })
     graph = file_graph(tree)
     assert circles(graph) == []
-    folders = folder_graph(graph)
-    found = circles(folders)
-    assert found == [[Path("pkg"), Path("pkg/sub")]]
-    text = describe_folder_circle(found[0], folders)
-    assert "pkg -> pkg/sub: pkg/top.py -> pkg/sub/low.py" in text
-    assert "pkg/sub -> pkg: pkg/sub/low.py -> pkg/base.py" in text
+    rooms = room_graphs(graph)
+    assert set(rooms) == {Path("pkg")}
+    found = circles(rooms[Path("pkg")])
+    assert found == [[Path("pkg/base.py"), Path("pkg/sub")]]
+    text = describe_room_circle(Path("pkg"), found[0], rooms[Path("pkg")])
+    assert "pkg/base.py -> pkg/sub: pkg/base.py -> pkg/sub/other.py" in text
+    assert "pkg/sub -> pkg/base.py: pkg/sub/low.py -> pkg/base.py" in text
+    del graph[Path("pkg/base.py")]  # base.py no longer goes down: no circle left
+    assert all(not circles(r) for r in room_graphs(graph).values())
+
+
+def test_rooms_are_the_subfolders_and_the_files_of_a_folder():
+    assert common_folder(Path("a/b/c.py"), Path("a/d/e.py")) == Path("a")
+    assert common_folder(Path("a/x.py"), Path("b/y.py")) == Path()
+    assert room_of(Path("a"), Path("a/b/c/d.py")) == Path("a/b")
+    assert room_of(Path("a"), Path("a/f.py")) == Path("a/f.py")
+    assert room_of(Path(), Path("a/f.py")) == Path("a")
 
 
 def test_the_checker_sees_private_names_taken_from_another_module(tmp_path):

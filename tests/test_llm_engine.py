@@ -58,7 +58,7 @@ async def test_concurrent_requests_equal_their_solo_runs(engine):
         await asyncio.sleep(0.05)  # staggered: each joins a running batch
     together = await asyncio.gather(*(collect(s) for s in streams))
     assert together == solo
-    assert max(engine.batch_sizes) >= 2
+    assert max(engine.stats.batch_sizes) >= 2
 
 
 async def test_abort_frees_the_slot_within_a_step_others_unaffected(engine):
@@ -69,13 +69,13 @@ async def test_abort_frees_the_slot_within_a_step_others_unaffected(engine):
     async for d in long:
         got.append(d)
         if len(got) == 5:
-            steps = engine.steps
+            steps = engine.stats.steps
             long.abort()
     assert long.stats.finish_reason is FinishReason.ABORT
-    assert engine.steps - steps <= 2
+    assert engine.stats.steps - steps <= 2
     assert await collect(short) == ref
     await asyncio.sleep(0.1)
-    assert engine.active == 0 and engine.runner.batch_size == 0 and engine.runner.cache is None
+    assert engine.load().active == 0 and engine.runner.batch_size == 0 and engine.runner.cache is None
 
 
 async def test_stop_strings_and_length(engine):
@@ -152,7 +152,7 @@ async def test_long_prompt_prefills_in_chunks_while_another_request_streams(llm)
                 break
         long_text = "The quick brown fox jumps over the lazy dog. " * 150  # ~1500 tokens: 12+ chunks
         long = eng.submit(ask(long_text + "How many foxes?", n=4))
-        steps0 = eng.steps
+        steps0 = eng.stats.steps
         long_first: list[float] = []
 
         async def read_long() -> None:
@@ -166,7 +166,7 @@ async def test_long_prompt_prefills_in_chunks_while_another_request_streams(llm)
         assert long.stats.finish_reason is FinishReason.LENGTH and long.stats.prompt_tokens > 1400
         during = [t for t in times[3:] if t < long_first[0]]
         assert len(during) >= 8  # the short request kept streaming while the long one prefilled
-        assert eng.steps - steps0 >= 12
+        assert eng.stats.steps - steps0 >= 12
         assert short.stats.finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
     finally:
         eng.stop()
@@ -181,7 +181,7 @@ async def test_short_prompt_is_not_queued_behind_long_prefills(llm):
     try:
         long_text = "The quick brown fox jumps over the lazy dog. " * 60  # ~600 tokens: 5+ chunks each
         longs = [eng.submit(ask(long_text + f"Question {i}: how many dogs?", n=2)) for i in range(2)]
-        await until(lambda: eng.steps >= 2)  # both long prompts are being prefilled
+        await until(lambda: eng.stats.steps >= 2)  # both long prompts are being prefilled
         short = eng.submit(ask("Say hi.", n=2))
         first: dict[str, float] = {}
 
@@ -234,7 +234,7 @@ async def test_queue_bound_counts_requests_waiting_for_a_slot(llm):
     count = "Count from one to five hundred, one number per line."
     try:
         streams = [eng.submit(ask(count, n=400))]
-        await until(lambda: eng.active == 1)
+        await until(lambda: eng.load().active == 1)
         for i in range(3):
             streams.append(eng.submit(ask(f"Count to {i + 20}.", n=30)))
             await until(lambda i=i: len(eng.scheduler.waiting) == i + 1)  # moved from the inbox to waiting
@@ -244,7 +244,7 @@ async def test_queue_bound_counts_requests_waiting_for_a_slot(llm):
                 streams.append(eng.submit(ask(f"Count to {i + 30}.", n=30)))
             except Busy:
                 busy += 1
-        assert eng.active == 1 and eng.depth == 3 and busy == 4
+        assert eng.load().active == 1 and eng.load().depth == 3 and busy == 4
         for s in streams:
             s.abort()
     finally:
@@ -257,25 +257,25 @@ def test_aborted_requests_leave_the_queue_depth_at_once(llm):
     The steps run by hand here (no engine thread), so nothing moves between the reads."""
     eng = LlmEngine(llm, LlmConfig(), SchedulerConfig(max_batch_size=1, max_wait_ms=0))
     streams = [eng.submit(ask(f"Count to {i + 3}.", n=30)) for i in range(3)]
-    assert eng.depth == 3
+    assert eng.load().depth == 3
     streams[2].abort()
-    assert eng.depth == 2  # still in the inbox
+    assert eng.load().depth == 2  # still in the inbox
     eng.step()  # one joins the batch, one waits for its slot; the aborted one is dropped
-    assert eng.active == 1 and len(eng.scheduler.waiting) == 1 and eng.depth == 1
+    assert eng.load().active == 1 and len(eng.scheduler.waiting) == 1 and eng.load().depth == 1
     streams[1].abort()
-    assert len(eng.scheduler.waiting) == 1 and eng.depth == 0  # there until the next step
+    assert len(eng.scheduler.waiting) == 1 and eng.load().depth == 0  # there until the next step
     eng.step()
-    assert not eng.scheduler.waiting and eng.depth == 0
+    assert not eng.scheduler.waiting and eng.load().depth == 0
     streams[0].abort()
     eng.step()
-    assert eng.active == 0
+    assert eng.load().active == 0
 
 
 async def test_engine_returns_free_memory_when_it_goes_idle(llm, monkeypatch):
-    import pipeline.llm.engine as llm_module
+    import pipeline.llm.host as host_module  # the engine's idle trimming lives there
 
     calls = []
-    monkeypatch.setattr(llm_module, "release_free_memory", lambda: calls.append(1))
+    monkeypatch.setattr(host_module, "release_free_memory", lambda: calls.append(1))
     eng = LlmEngine(llm, LlmConfig(), SchedulerConfig(max_wait_ms=0))
     eng.start()
     try:
@@ -288,14 +288,15 @@ async def test_engine_returns_free_memory_when_it_goes_idle(llm, monkeypatch):
     finally:
         eng.stop()
     monkeypatch.undo()
-    llm_module.release_free_memory()  # the real helper is safe to call anywhere
+    host_module.release_free_memory()  # the real helper is safe to call anywhere
 
 
 async def test_an_oom_mid_reply_requeues_the_batch_and_every_reply_is_unchanged(engine, llm):
     """Recompute preemption (the out-of-memory ladder's steps 1-2): two OOMs in the 6th step
     drop the batch's KV, requeue every request with the tokens it already sent, and halve the
     batch; each greedy reply is exactly what it is without the OOMs (fp32), none lost."""
-    from pipeline.serving.faults import FaultInjector, parse_rules
+    from pipeline.fault_rules import parse_rules
+    from pipeline.serving.faults import FaultInjector
     from pipeline.serving.ladder import OomLadder
 
     prompts = ["What is the capital of France?", "Name a color.", "Say hello in French.", "What is 2 plus 2?"]
@@ -310,7 +311,7 @@ async def test_an_oom_mid_reply_requeues_the_batch_and_every_reply_is_unchanged(
         assert await asyncio.gather(*(collect(s) for s in streams)) == solo
         assert all(s.stats.finish_reason in (FinishReason.STOP, FinishReason.LENGTH) for s in streams)
         assert eng.ladder.step == 2 and eng.preempted >= len(prompts)
-        assert eng.scheduler.cfg.max_batch_size == 2 and max(eng.batch_sizes[-5:]) <= 2
+        assert eng.scheduler.cfg.max_batch_size == 2 and max(eng.stats.batch_sizes[-5:]) <= 2
     finally:
         eng.stop()
 
@@ -332,16 +333,16 @@ async def test_a_conversation_reuses_its_earlier_turns_kv_and_every_reply_is_unc
                      "Name a river in each.", "Thanks. Say goodbye."]
         for i, q in enumerate(questions):
             msgs = history.prompt(q, cached.count_tokens, budget)
-            before = cached.prefix_cache_stats
+            before = cached.prefix.stats
             reply = await collect(cached.submit(GenRequest(messages=msgs, max_new_tokens=24, session="s1")))
             assert reply == await collect(plain.submit(GenRequest(messages=msgs, max_new_tokens=24))), f"turn {i}"
-            queried, hit = (a - b for a, b in zip(cached.prefix_cache_stats[:2], before[:2]))
+            queried, hit = (a - b for a, b in zip(cached.prefix.stats[:2], before[:2]))
             if i:  # everything but the new question and the template around it was cached
                 assert hit >= 0.6 * queried, f"turn {i}: {hit} of {queried} prompt tokens cached"
             history.add_turn(q, reply)
-        held = cached.prefix_cache_stats[3]
+        held = cached.prefix.stats[3]
         cached.end_session("s1")
-        await until(lambda: cached.prefix_cache_stats[3] < held)
+        await until(lambda: cached.prefix.stats[3] < held)
     finally:
         cached.stop()
         plain.stop()
@@ -351,7 +352,7 @@ async def test_the_prefix_cache_fills_only_what_the_kv_budget_leaves(llm):
     """With a KV budget of about one full request, many different conversations fill the cache:
     it evicts least recently used blocks and never holds more than the budget leaves."""
     eng = LlmEngine(llm, LlmConfig(memory_budget_mb=1.0), SchedulerConfig(max_wait_ms=5))
-    budget = eng.kv_budget
+    budget = eng.load().kv_budget
     assert budget <= LlmConfig().max_context_tokens + LlmConfig().max_new_tokens  # raised to one full request
     eng.start()
     try:
@@ -359,9 +360,9 @@ async def test_the_prefix_cache_fills_only_what_the_kv_budget_leaves(llm):
         for i in range(12):
             topic = f"Tell me one fact about the number {i * 7919}, the ocean and the color {i}. " * 6
             await collect(eng.submit(ask(topic, 8)))
-            seen.append(eng.prefix_cache_stats[3])
+            seen.append(eng.prefix.stats[3])
             assert seen[-1] <= budget
-        queried, hit, evicted, tokens = eng.prefix_cache_stats
+        queried, hit, evicted, tokens = eng.prefix.stats
         assert evicted > 0 and 0 < tokens <= budget and max(seen) > budget // 2  # it filled up, then evicted
     finally:
         eng.stop()

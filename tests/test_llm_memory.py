@@ -104,10 +104,20 @@ def test_activation_estimate_counts_what_it_says():
     assert memory.activation_bytes(cfg, 2, 0) == 0
 
 
+def test_the_plan_turns_tokens_into_bytes_and_leaves_the_cache_its_room():
+    plan = memory.MemoryPlan(budget=1 << 20, source="--memory-budget", weights=1000, activations=2000,
+                             per_token=512, fit=100, configured=80, floor=72, kv_tokens=80)
+    assert plan.kv_bytes(29) == plan.request_bytes(21, 8) == 29 * 512
+    assert plan.request_bytes(0, 0) == plan.kv_bytes(0) == 0
+    assert (plan.kv_free(30), plan.kv_free(80), plan.kv_free(200)) == (50, 0, 0)
+    with pytest.raises(ValueError):
+        plan.request_bytes(-1, 8)
+
+
 async def test_formula_against_the_batch_kv_buffers(tiny_llm):
     eng = LlmEngine(tiny_llm, LlmConfig(), SchedulerConfig(max_wait_ms=0))  # no thread: step by hand
     cfg = tiny_llm.model.config
-    assert eng.kv_bytes_per_token == 2 * 2 * 2 * 16 * 4 == 512  # fp32, 2 layers, 2 kv heads, head_dim 16
+    assert eng.memory.per_token == 2 * 2 * 2 * 16 * 4 == 512  # fp32, 2 layers, 2 kv heads, head_dim 16
     streams = [eng.submit(ask(t, n)) for t, n in (("Hi.", 40), ("Tell me a longer story, please.", 30),
                                                   ("A medium question?", 50))]
     seen = []
@@ -119,9 +129,9 @@ async def test_formula_against_the_batch_kv_buffers(tiny_llm):
             return  # not all three decoding, or one finished (its row leaves at the next step)
         slots, cols = batch.capacity
         # every layer's K and V buffer: slots × kv_heads × columns × head_dim elements
-        per_layer = eng.kv_bytes_per_token // (2 * cfg.num_hidden_layers)
+        per_layer = eng.memory.per_token // (2 * cfg.num_hidden_layers)
         assert all(x.numel() * x.element_size() == per_layer * slots * cols for x in (*batch.kb, *batch.vb))
-        assert eng.runner.kv_buffer_bytes == batch.nbytes == eng.kv_bytes_per_token * slots * cols
+        assert eng.runner.kv_buffer_bytes == batch.nbytes == eng.memory.per_token * slots * cols
         # the tokens really held: each live row's prompt + tokens sampled so far, but its
         # last sampled token (not yet run through the model) — the unmasked columns
         live = [eng.scheduler.requests[rid] for rid in rids]
@@ -129,9 +139,10 @@ async def test_formula_against_the_batch_kv_buffers(tiny_llm):
         assert int(batch.attn.sum()) == held
         # the estimate (prompt + max new tokens per request) bounds what is held; the
         # buffers' over-allocation is exactly the padding, the free slots and the slack
-        assert held * eng.kv_bytes_per_token <= eng.kv_reserved_bytes
-        assert eng.kv_reserved_bytes == sum(eng.request_bytes(len(r.prompt_ids), r.max_new_tokens) for r in live)
-        assert batch.nbytes - held * eng.kv_bytes_per_token == eng.kv_bytes_per_token * (slots * cols - held)
+        reserved = eng.memory.kv_bytes(eng.load().kv_reserved)
+        assert held * eng.memory.per_token <= reserved
+        assert reserved == sum(eng.memory.request_bytes(len(r.prompt_ids), r.max_new_tokens) for r in live)
+        assert batch.nbytes - held * eng.memory.per_token == eng.memory.per_token * (slots * cols - held)
         seen.append((held, slots, cols))
 
     run_by_hand(eng, check)
@@ -165,8 +176,8 @@ def test_the_default_budget_keeps_the_configured_kv_tokens(tiny_llm):
     m = eng.memory
     assert m.source.startswith("weights + available RAM")
     assert m.weights == weights_of(tiny_llm.model)
-    assert m.fit > 16384 and eng.kv_budget == 16384  # RAM is not short here: the configured budget stays
-    assert eng.memory_budget_bytes == m.budget > m.weights + m.activations
+    assert m.fit > 16384 and eng.load().kv_budget == 16384  # RAM is not short here: the configured budget stays
+    assert m.budget > m.weights + m.activations
 
 
 def budget_for(tiny_llm, tokens: float, **llm_kw) -> float:
@@ -184,7 +195,7 @@ async def test_a_small_budget_serializes_requests_and_admission_says_memory(tiny
     mb = budget_for(tiny_llm, 80.5, **SMALL)
     cfg = VoxpipeConfig(llm=LlmConfig(memory_budget_mb=mb, **SMALL), llm_batch=SCHED).validate()
     eng = LlmEngine(tiny_llm, cfg.llm, cfg.llm_batch)
-    assert eng.memory.source == "--memory-budget" and eng.memory.fit == 80 and eng.kv_budget == 80
+    assert eng.memory.source == "--memory-budget" and eng.memory.fit == 80 and eng.load().kv_budget == 80
     reqs = [ask("Hi.", 30), ask("Yo.", 30)]  # 21 prompt tokens + 30 each: 51 fits, 102 does not
     streams = [eng.submit(r) for r in reqs]
     engines = Engines(vad=FakeVad(), asr=FakeAsr(), llm=eng, tts=FakeTts())
@@ -192,14 +203,14 @@ async def test_a_small_budget_serializes_requests_and_admission_says_memory(tiny
     active, refusals = [], []
 
     def watch() -> None:
-        active.append(eng.active)
-        if eng.active:
+        active.append(eng.load().active)
+        if eng.load().active:
             refusal = admission.decide(engines.load(cfg), spoken=False, end_silence_ms=0,
                                        kv_tokens=cfg.llm.max_context_tokens, now=0.0, count=False)
             refusals.append(refusal and refusal.reason)
 
     run_by_hand(eng, watch)
-    assert max(active) == 1 and len(eng.batch_sizes) >= 60  # one at a time: 2 × (prefill + 29 decodes)
+    assert max(active) == 1 and len(eng.stats.batch_sizes) >= 60  # one at a time: 2 × (prefill + 29 decodes)
     assert set(refusals) == {"memory"}  # a new turn while one runs would overflow the KV budget
     for s in streams:
         await drain(s)
@@ -208,7 +219,7 @@ async def test_a_small_budget_serializes_requests_and_admission_says_memory(tiny
     both = LlmEngine(tiny_llm, LlmConfig(**SMALL), SCHED)
     streams = [both.submit(r) for r in reqs]
     sizes = []
-    run_by_hand(both, lambda: sizes.append(both.active))
+    run_by_hand(both, lambda: sizes.append(both.load().active))
     assert max(sizes) == 2
     await asyncio.gather(*(drain(s) for s in streams))
 
@@ -216,7 +227,7 @@ async def test_a_small_budget_serializes_requests_and_admission_says_memory(tiny
 async def test_a_budget_under_one_request_still_runs_a_lone_request(tiny_llm, caplog):
     caplog.set_level("INFO", logger="pipeline.llm.memory")
     eng = LlmEngine(tiny_llm, LlmConfig(memory_budget_mb=0.001, **SMALL), SCHED)
-    assert eng.memory.fit == 0 and eng.kv_budget == 72  # raised to one full request
+    assert eng.memory.fit == 0 and eng.load().kv_budget == 72  # raised to one full request
     assert "raised to one full request of 72" in caplog.text
     stream = eng.submit(ask("Hi.", 8))
     run_by_hand(eng)
@@ -238,8 +249,8 @@ def test_metrics_expose_the_budget_and_the_estimate(tiny_llm):
         return float(line.split()[1])
 
     assert value("voxpipe_llm_kv_bytes_per_token") == 512
-    assert value("voxpipe_llm_kv_reserved_bytes") == 29 * 512 == eng.kv_reserved_bytes
-    assert value("voxpipe_llm_memory_budget_bytes") == eng.memory_budget_bytes
+    assert value("voxpipe_llm_kv_reserved_bytes") == 29 * 512 == eng.memory.kv_bytes(eng.load().kv_reserved)
+    assert value("voxpipe_llm_memory_budget_bytes") == eng.memory.budget
     eng.stop()
 
 
@@ -276,7 +287,7 @@ async def test_estimate_against_cuda_max_memory_allocated():
     for s in streams:
         await drain(s)
     # the long prompt's KV alone was resident at once: the per-token formula does not overestimate
-    assert peak >= eng.kv_bytes_per_token * prompt_tokens
+    assert peak >= eng.memory.per_token * prompt_tokens
     # one step's activations (estimated for the biggest step) + the KV buffers and the prefill's
     # transient KV copies (compaction, the slot write: at most 4 copies) bound the peak
     assert peak <= eng.memory.activations + 4 * max(kv_buffers)

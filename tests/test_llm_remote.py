@@ -361,15 +361,17 @@ async def test_slots_queue_busy_and_abort_on_a_stalled_server():
     try:
         req = GenRequest(messages=[{"role": "user", "content": "Hi"}], max_new_tokens=8)
         sent = llm.submit(req)
-        await _until(lambda: llm.active == 1 and llm.depth == 0 and len(relay.requests) >= 1, "one request sent")
+        await _until(lambda: (llm.load().active, llm.load().depth) == (1, 0) and len(relay.requests) >= 1,
+                     "one request sent")
         queued = llm.submit(req)
-        assert llm.depth == 1
+        assert llm.load().depth == 1
         with pytest.raises(Busy):
             llm.submit(req)
         for stream in (queued, sent):
             stream.abort()
             assert [d async for d in stream] == [] and stream.stats.finish_reason is FinishReason.ABORT
-        await _until(lambda: llm.active == 0 and llm.depth == 0 and len(relay.cut) == 1, "the stream closed")
+        await _until(lambda: (llm.load().active, llm.load().depth) == (0, 0) and len(relay.cut) == 1,
+                     "the stream closed")
         assert guard.calls == []
     finally:
         llm.stop()

@@ -190,7 +190,7 @@ async def test_stop_ends_queued_and_running_streams_with_abort(tiny_llm):
     eng = LlmEngine(tiny_llm, LlmConfig(), SchedulerConfig(max_batch_size=1, max_wait_ms=0))
     running = eng.submit(ask("Tell me a story.", 400))
     eng.start()
-    await until(lambda: eng.active == 1)
+    await until(lambda: eng.load().active == 1)
     queued = eng.submit(ask("Wait.", 5))
     eng.stop()
     for s in (running, queued):
@@ -206,5 +206,6 @@ async def test_step_sleeps_forever_only_when_there_is_no_work(tiny_llm):
         pass
     assert "".join([d async for d in stream]) == reference(tiny_llm, ask("Hi.", 3))[0]
     assert stream.stats.finish_reason is FinishReason.LENGTH
-    assert eng.steps == 4 and eng.batch_sizes == [1, 1, 1]  # prefill, 2 decodes, then a step that frees the row
-    assert eng.runner.batch_size == 0 and eng.active == 0
+    # prefill, 2 decodes, then a step that frees the row
+    assert eng.stats.steps == 4 and eng.stats.batch_sizes == [1, 1, 1]
+    assert eng.runner.batch_size == 0 and eng.load().active == 0

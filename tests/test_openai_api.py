@@ -469,7 +469,7 @@ async def real_llm_server():
 async def test_real_disconnect_mid_stream_aborts_the_generation(real_llm_server):
     srv, llm = real_llm_server
     assert isinstance(srv, Running)
-    steps0 = llm.steps
+    steps0 = llm.stats.steps
     async with client(srv.http) as c:
         stream = await c.chat.completions.create(
             model="smollm2", stream=True, max_tokens=96, temperature=0,
@@ -479,11 +479,11 @@ async def test_real_disconnect_mid_stream_aborts_the_generation(real_llm_server)
             n += bool(ch.choices and ch.choices[0].delta.content)
             if n == 3:
                 break
-        assert llm.active == 1
+        assert llm.load().active == 1
         await stream.close()
-    await until_true(lambda: llm.active == 0, "the engine's batch empty", MODEL_DEADLINE_S)
+    await until_true(lambda: llm.load().active == 0, "the engine's batch empty", MODEL_DEADLINE_S)
     # aborted, not finished: far fewer steps than the 96 tokens it was allowed
-    assert llm.steps - steps0 < 48
+    assert llm.stats.steps - steps0 < 48
 
 
 def test_model_ids():

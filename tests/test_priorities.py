@@ -16,6 +16,7 @@ from pipeline.asr.types import AsrRequest, DecodeRequest
 from pipeline.config import AdmissionConfig, AsrConfig
 from pipeline.errors import Busy
 from pipeline.serving.admission import Admission, Load
+from pipeline.serving.types import StageLoad
 from pipeline.worker import BatchWorker
 from tests.fakes import FakeAsr, tone
 
@@ -211,6 +212,17 @@ def test_only_urgent_work_counts_as_what_an_urgent_item_waits_behind():
         return w.depth, w.urgent_depth
 
     assert asyncio.run(main()) == (3, 1)
+
+
+def test_a_workers_load_snapshot_holds_its_depths_and_zeros_elsewhere():
+    w = Recorder()
+
+    async def main() -> StageLoad:
+        w.submit("partial-a")
+        w.submit("urgent-c")
+        return w.load()
+
+    assert asyncio.run(main()) == StageLoad(depth=2, urgent_depth=1)
 
 
 def test_urgent_work_whose_caller_stopped_waiting_is_not_counted():

@@ -20,7 +20,8 @@ from pipeline.remote.settings import (
     stage_user_config,
 )
 from pipeline.remote.stats import STALE_S, StatsCache
-from pipeline.remote.types import ReplicaStats, StageLoad, StageUnavailable
+from pipeline.remote.types import DeploymentLoad, ReplicaStats, StageUnavailable
+from pipeline.serving.types import StageLoad
 
 ROOT = Path(__file__).resolve().parent.parent
 YAML = ROOT / "deploy" / "ray-serve.yaml"
@@ -120,21 +121,22 @@ def test_frontend_user_config_round_trips_every_section():
 
 
 def test_stage_load_sums_replicas_and_scales_to_the_unheard():
-    one = ReplicaStats(replica="a", replicas=2, depth=3, active=4, slots=8, kv_budget=100, step_ms=10.0)
-    load = StageLoad.of([one])
-    assert (load.replicas, load.depth, load.active, load.slots, load.kv_budget, load.step_ms) == (2, 6, 8, 16, 200, 10)
-    assert StageLoad.of([]) == StageLoad()
+    one = ReplicaStats(replica="a", replicas=2, load=StageLoad(depth=3, active=4, slots=8, kv_budget=100, step_ms=10.0))
+    dep = DeploymentLoad.of([one])
+    load = dep.load
+    assert (dep.replicas, load.depth, load.active, load.slots, load.kv_budget, load.step_ms) == (2, 6, 8, 16, 200, 10)
+    assert DeploymentLoad.of([]) == DeploymentLoad() and DeploymentLoad().load == StageLoad()
 
 
 def test_stats_cache_forgets_silent_replicas():
     now = [0.0]
     cache = StatsCache(clock=lambda: now[0])
-    cache.update(ReplicaStats(replica="a", replicas=2, depth=1))
+    cache.update(ReplicaStats(replica="a", replicas=2, load=StageLoad(depth=1)))
     now[0] = 1.0
-    cache.update(ReplicaStats(replica="b", replicas=2, depth=2))
+    cache.update(ReplicaStats(replica="b", replicas=2, load=StageLoad(depth=2)))
     assert cache.load.depth == 3
     now[0] = 1.0 + STALE_S + 0.1  # "a" died; "b" answers again
-    cache.update(ReplicaStats(replica="b", replicas=1, depth=2))
+    cache.update(ReplicaStats(replica="b", replicas=1, load=StageLoad(depth=2)))
     assert (cache.load.depth, cache.replicas) == (2, 1)
 
 

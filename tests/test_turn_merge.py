@@ -109,7 +109,7 @@ async def test_a_session_alone_is_not_refused_for_its_own_final_decode():
 
 class _WaitingLlm(FakeLlm):
     """Counts its requests that have no token yet and were not aborted as queue depth, as
-    the engine does (``LlmEngine.depth``) while a request waits for a batch slot."""
+    the engine's ``load().depth`` does while a request waits for a batch slot."""
 
     @property  # type: ignore[override]
     def depth(self) -> int:

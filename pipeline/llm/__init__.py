@@ -1,2 +1,3 @@
-"""The LLM room: types, the pure scheduler, detokenizer, output stream, memory estimate,
-the continuous-batching engine and its loader; every torch detail is fenced in runner/."""
+"""The LLM room: types, the pure scheduler, the input processor (chat template, checks), the
+output processor (detokenizer, stop strings, streams), memory plan, prefix cache keeper, step
+stats, the continuous-batching engine core and its loader; every torch detail is fenced in runner/."""

@@ -13,6 +13,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from pipeline.llm.input import chat_prompt_ids
+
 LETTERS_PER_TOKEN = 2.5
 """Lower-case ASCII letters and whitespace per token of the estimate. OpenAI's rule of thumb
 is ~4 characters of common English text per token (help.openai.com, "What are tokens and
@@ -71,10 +73,7 @@ def template_counter(tokenizer: Any) -> Counter:
     the generation prompt): exactly what a server running that model prefills."""
 
     def count(messages: list[dict]) -> int:
-        enc = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        if isinstance(enc, dict) or hasattr(enc, "keys"):
-            enc = enc["input_ids"]
-        return len(enc)
+        return len(chat_prompt_ids(tokenizer, messages))
 
     return count
 

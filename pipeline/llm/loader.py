@@ -133,10 +133,9 @@ def resolve_device(device: str = "auto") -> str:
     """``device`` with ``auto`` made concrete: ``cuda`` when available, else ``cpu-int4``
     when the CPU runs bf16 natively (oneDNN AVX-512 BF16 / AMX: the int4 decode kernels and
     the bf16 prefill copy are fast there), else ``cpu-fp32``. ``cpu-int4`` is the CPU
-    default because decode reads every weight once per token: on this project's 2-core CPU
-    it took the default Qwen's voice-to-voice p50 from 1.80 s (bf16) to 1.35 s, 1.14 s with
-    ``--llm-burst-threads 2`` (README "Benchmarks"), for a perplexity ratio of 1.044
-    (``bench quant``; pinned ≤ 1.05 by tests/test_quant_quality.py)."""
+    default because decode reads every weight once per token, a quarter of the bytes in int4
+    (voice-to-voice before and after: docs/BENCHMARKS.md), for a perplexity ratio pinned
+    ≤ 1.05 by tests/test_quant_quality.py (``bench quant``)."""
     if device != "auto":
         return device
     import torch

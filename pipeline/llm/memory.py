@@ -3,7 +3,7 @@
 Pure arithmetic on a model's config (any object with the transformers config attribute
 names) and byte counts: no torch here (the runner measures the dtype's size, the weights and
 free device memory, :class:`~pipeline.llm.runner.runner.ModelRunner`). The engine turns the
-budget into its KV token budget once, at load (:class:`~pipeline.llm.engine.LlmEngine`)::
+budget into its KV token budget once, at load (:func:`plan`, :class:`MemoryPlan`)::
 
     kv_bytes_per_token = 2 (K and V) × layers × kv_heads × head_dim × bytes per element
     request_bytes      = kv_bytes_per_token × (prompt + max_new_tokens)
@@ -140,9 +140,13 @@ def request_bytes(config: Any, dtype: int | str | Any, prompt_tokens: int, max_n
     Raises:
         ValueError: an unknown dtype, or a negative token count.
     """
+    return _request_bytes(kv_bytes_per_token(config, dtype), prompt_tokens, max_new_tokens)
+
+
+def _request_bytes(per_token: int, prompt_tokens: int, max_new_tokens: int) -> int:
     if prompt_tokens < 0 or max_new_tokens < 0:
         raise ValueError("prompt_tokens and max_new_tokens must be >= 0")
-    return kv_bytes_per_token(config, dtype) * (prompt_tokens + max_new_tokens)
+    return per_token * (prompt_tokens + max_new_tokens)
 
 
 def budget_bytes(*, weights: int, memory_budget_mb: float = 0.0, device_free: int | None = None,
@@ -211,6 +215,24 @@ class MemoryPlan:
     configured: int
     floor: int
     kv_tokens: int
+
+    def kv_bytes(self, tokens: int) -> int:
+        """Bytes of ``tokens`` KV-cache tokens over all layers: ``tokens × per_token`` (e.g.
+        the batch's reservation, :attr:`~pipeline.serving.types.StageLoad.kv_reserved`)."""
+        return tokens * self.per_token
+
+    def kv_free(self, reserved: int) -> int:
+        """KV-cache tokens of the budget (:attr:`kv_tokens`) left after ``reserved``, at least 0:
+        what the prefix cache may keep beside the batch's reservations."""
+        return max(0, self.kv_tokens - reserved)
+
+    def request_bytes(self, prompt_tokens: int, max_new_tokens: int) -> int:
+        """KV bytes a request may hold: (prompt + max new tokens) × :attr:`per_token`.
+
+        Raises:
+            ValueError: a negative token count.
+        """
+        return _request_bytes(self.per_token, prompt_tokens, max_new_tokens)
 
 
 def plan(runner: ModelRunner, config, cfg: LlmConfig, sched: SchedulerConfig) -> MemoryPlan:

@@ -52,6 +52,7 @@ from pipeline.llm.counting import Counter, load_counter
 from pipeline.llm.stream import TokenStream
 from pipeline.llm.types import FinishReason, GenRequest, RemoteLlmError, RemoteLlmSpec, RemoteLlmUnavailable
 from pipeline.serving.faults import NO_FAULTS, FaultInjector
+from pipeline.serving.types import StageLoad
 from pipeline.worker import CallGuard
 
 logger = logging.getLogger(__name__)
@@ -231,35 +232,16 @@ class OpenAiLlm:
 
     # ---- the LlmStage interface -----------------------------------------------------------
 
-    @property
-    def depth(self) -> int:
-        """Requests waiting here for a slot."""
-        return self._waiting
-
-    @property
-    def urgent_depth(self) -> int:
-        """Every LLM request is a reply someone waits for: :attr:`depth`."""
-        return self._waiting
-
-    @property
-    def active(self) -> int:
-        """Requests in flight to the server."""
-        return self._active
-
-    @property
-    def slots(self) -> int:
-        """Requests in flight to the server at most."""
-        return self._slots
-
-    @property
-    def kv_reserved(self) -> int:
-        """0: the server's KV cache is its own business (it queues what does not fit)."""
-        return 0
-
-    @property
-    def kv_budget(self) -> int:
-        """Unknown: ``1 << 30`` tokens, so admission's memory check never refuses for it."""
-        return 1 << 30
+    def load(self) -> StageLoad:
+        """Requests waiting here for a slot (``depth`` = ``urgent_depth``: every LLM request is
+        a reply someone waits for), in flight to the server (``active``, of ``slots``), and
+        ``step_ms``: the moving average of the time per output token. The server's KV cache is
+        its own business (it queues what does not fit): ``kv_reserved`` 0, ``kv_budget``
+        ``1 << 30`` tokens, so admission's memory check never refuses for it."""
+        with self._lock:  # a request moves from waiting to active under it
+            waiting, active = self._waiting, self._active
+        return StageLoad(depth=waiting, urgent_depth=waiting, active=active, slots=self._slots,
+                         kv_reserved=0, kv_budget=1 << 30, step_ms=self.step_ms)
 
     def submit(self, req: GenRequest) -> TokenStream:
         """Queue ``req``; returns its stream of text deltas (thread-safe).

@@ -2,9 +2,8 @@
 
 ``Engines(vad=<local Silero>, asr=RemoteAsr(...), llm=RemoteLlm(...), tts=RemoteTts(...))``
 serves sessions exactly as the in-process engines do. Calls are awaitable handle calls
-(``await handle.run.remote(...)``): the event loop never waits on a replica. The load
-properties (``depth``, ``active``, ``kv_reserved``, ...) read a cache that a
-:class:`~pipeline.remote.stats.StatsPoller` thread refreshes every 0.5 s.
+(``await handle.run.remote(...)``): the event loop never waits on a replica. ``load()``
+reads a cache that a :class:`~pipeline.remote.stats.StatsPoller` thread refreshes every 0.5 s.
 
 Errors: see :mod:`pipeline.remote.errors` (``busy`` for a full stage, a typed error for the
 turn when a replica dies).
@@ -26,6 +25,7 @@ from pipeline.llm.types import FinishReason, GenRequest, GenStats
 from pipeline.remote.errors import translate
 from pipeline.remote.stats import StatsCache, StatsPoller
 from pipeline.remote.types import RemoteStageName, ReplicaStats, StageUnavailable
+from pipeline.serving.types import StageLoad
 from pipeline.tts.types import Speech
 
 logger = logging.getLogger(__name__)
@@ -51,15 +51,10 @@ class RemoteStage:
         """One replica's stats (blocking: the poller's thread only)."""
         return self.handle.stats.remote().result(timeout_s=timeout_s)
 
-    @property
-    def depth(self) -> int:
-        """Requests waiting in the replicas' engine queues (cached, ≤ 0.5 s old)."""
-        return self.cache.load.depth
-
-    @property
-    def urgent_depth(self) -> int:
-        """Requests waiting at priority 0 in the replicas' engine queues (cached)."""
-        return self.cache.load.urgent_depth
+    def load(self) -> StageLoad:
+        """The replicas' load, summed over them (cached, ≤ 0.5 s old; ``step_ms`` their mean,
+        ``kv_budget`` their budgets' sum)."""
+        return self.cache.load
 
     def start(self) -> None:
         """Start refreshing the cached load (idempotent)."""
@@ -172,8 +167,9 @@ class RemoteLlm(RemoteStage):
             Busy: the replicas' queues were full at the last poll, or this front end
                 already has ``capacity`` streams in flight.
         """
-        if self.depth >= self.queue_size * max(1, self.cache.replicas):
-            raise Busy(f"llm is busy: {self.depth} requests already queued in its replicas")
+        seen = self.cache.deployment
+        if seen.load.depth >= self.queue_size * max(1, seen.replicas):
+            raise Busy(f"llm is busy: {seen.load.depth} requests already queued in its replicas")
         cap = self.capacity
         if cap is not None and self.in_flight >= cap:
             raise Busy(f"llm is busy: {self.in_flight} replies in flight, the deployment takes {cap}")
@@ -206,31 +202,6 @@ class RemoteLlm(RemoteStage):
             self.handle.end_session.remote(session)
         except Exception as exc:  # noqa: BLE001 - only a cache hint
             logger.debug("llm end_session(%s): %s", session, exc)
-
-    @property
-    def active(self) -> int:
-        """Requests in the replicas' batches (cached)."""
-        return self.cache.load.active
-
-    @property
-    def slots(self) -> int:
-        """The replicas' batch slots, all together (cached)."""
-        return self.cache.load.slots
-
-    @property
-    def kv_reserved(self) -> int:
-        """KV-cache tokens the replicas' batches may hold (cached)."""
-        return self.cache.load.kv_reserved
-
-    @property
-    def kv_budget(self) -> int:
-        """The replicas' KV-cache budgets, summed (tokens; cached)."""
-        return self.cache.load.kv_budget
-
-    @property
-    def step_ms(self) -> float:
-        """The replicas' mean time per engine step (ms; cached)."""
-        return self.cache.load.step_ms
 
 
 class RemoteTextStream:

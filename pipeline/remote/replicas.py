@@ -31,10 +31,11 @@ from pipeline.asr.types import AsrRequest, DecodeRequest, DecodeResult, Transcri
 from pipeline.config import VoxpipeConfig
 from pipeline.engines import load_stage
 from pipeline.errors import Busy
+from pipeline.fault_rules import parse_rules
 from pipeline.llm.types import GenRequest, GenStats
 from pipeline.remote.settings import STAGE_SECTIONS, config_from_user
 from pipeline.remote.types import INGRESS_NAME, RemoteStageName, ReplicaStats
-from pipeline.serving.faults import FaultInjector, injected, parse_rules
+from pipeline.serving.faults import FaultInjector, injected
 from pipeline.serving.governor import TICK_S, Governor
 from pipeline.tts.types import Speech
 
@@ -113,8 +114,8 @@ class _Replica:
         """This replica's load (counters only: cheap)."""
         engine = self._engine()
         ctx = serve.get_replica_context()
-        return ReplicaStats(replica=ctx.replica_tag, replicas=ctx.world_size, depth=engine.depth,
-                            urgent_depth=engine.urgent_depth, at=time.time(), **self._extra_stats(engine))
+        return ReplicaStats(replica=ctx.replica_tag, replicas=ctx.world_size, load=engine.load(), at=time.time(),
+                            **self._extra_stats(engine))
 
     def _extra_stats(self, engine: Any) -> dict[str, Any]:
         return {}
@@ -194,10 +195,6 @@ class LlmReplica(_Replica):
     def end_session(self, session: str) -> None:
         """``session`` ended: its cached KV may go."""
         self._engine().end_session(session)
-
-    def _extra_stats(self, engine: Any) -> dict[str, Any]:
-        return {"active": engine.active, "slots": engine.slots, "kv_reserved": engine.kv_reserved,
-                "kv_budget": engine.kv_budget, "step_ms": float(engine.step_ms)}
 
     async def _probe(self) -> None:
         engine = self._engine()

@@ -1,10 +1,9 @@
 """The front end's cached view of a stage deployment's load, refreshed off the event loop.
 
-A stage's ``depth``, ``active``, ``slots`` and ``kv_*`` properties are read by admission
-on the event loop for every turn; they must never wait for a replica. A
-:class:`StatsPoller` thread asks the deployment's ``stats`` method every ``interval_s``
-(one call per known replica: Serve routes each to some replica) and keeps the latest
-answer of each replica; the properties read the sum (:class:`StageLoad`).
+A stage's ``load()`` is read by admission on the event loop for every turn; it must never
+wait for a replica. A :class:`StatsPoller` thread asks the deployment's ``stats`` method
+every ``interval_s`` (one call per known replica: Serve routes each to some replica) and
+keeps the latest answer of each replica; ``load()`` reads their sum (:class:`DeploymentLoad`).
 """
 
 from __future__ import annotations
@@ -15,7 +14,8 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from pipeline.remote.types import ReplicaStats, StageLoad
+from pipeline.remote.types import DeploymentLoad, ReplicaStats
+from pipeline.serving.types import StageLoad
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ class StatsCache:
         self._clock = clock
         self._lock = threading.Lock()
         self._latest: dict[str, tuple[float, ReplicaStats]] = {}
-        self.load = StageLoad()
+        self.deployment = DeploymentLoad()
         self.last: ReplicaStats | None = None
 
     def update(self, stats: ReplicaStats) -> None:
@@ -47,13 +47,18 @@ class StatsCache:
         with self._lock:
             self._latest[stats.replica] = (now, stats)
             self._latest = {k: v for k, v in self._latest.items() if now - v[0] <= STALE_S}
-            self.load = StageLoad.of([s for _, s in self._latest.values()])
+            self.deployment = DeploymentLoad.of([s for _, s in self._latest.values()])
             self.last = stats
+
+    @property
+    def load(self) -> StageLoad:
+        """The replicas' summed load (one snapshot; zeros before the first answer)."""
+        return self.deployment.load
 
     @property
     def replicas(self) -> int:
         """Replicas the deployment reports (0 before the first answer)."""
-        return self.load.replicas
+        return self.deployment.replicas
 
 
 class StatsPoller:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Literal
+
+from pipeline.serving.types import StageLoad
 
 RemoteStageName = Literal["asr", "llm", "tts"]
 """The Serve deployment of each model stage, by name."""
@@ -39,13 +41,7 @@ class ReplicaStats:
     Attributes:
         replica: the replica's unique id (Serve's replica tag).
         replicas: how many replicas the deployment has (Serve's ``world_size``).
-        depth: requests waiting in the engine's queue.
-        urgent_depth: requests waiting at priority 0.
-        active: LLM requests in the batch (0 for ASR and TTS).
-        slots: the LLM batch's size (0 for ASR and TTS).
-        kv_reserved: LLM KV-cache tokens the batch may hold.
-        kv_budget: the LLM KV-cache budget (tokens).
-        step_ms: the LLM's time per engine step (ms; 0 before the first).
+        load: its engine's :class:`~pipeline.serving.types.StageLoad` (``engine.load()``).
         multilingual: ASR only: the model decodes more than English.
         languages: ASR only: ISO codes it decodes.
         at: the replica's ``time.time()`` when it answered (s).
@@ -53,48 +49,37 @@ class ReplicaStats:
 
     replica: str
     replicas: int = 1
-    depth: int = 0
-    urgent_depth: int = 0
-    active: int = 0
-    slots: int = 0
-    kv_reserved: int = 0
-    kv_budget: int = 0
-    step_ms: float = 0.0
+    load: StageLoad = field(default_factory=StageLoad)
     multilingual: bool = False
     languages: list[str] = field(default_factory=lambda: ["en"])
     at: float = 0.0
 
 
-@dataclass(slots=True)
-class StageLoad:
-    """A stage's load over its live replicas (the front end's cached view).
+@dataclass(slots=True, frozen=True)
+class DeploymentLoad:
+    """A stage deployment's load over its live replicas (the front end's cached view).
 
-    Sums of :class:`ReplicaStats` over the replicas heard from recently, scaled up to the
-    deployment's replica count when some were not heard from (their load is taken to be
-    the mean of the others'); ``step_ms`` is the mean. Zero everywhere until the first
-    answer.
+    ``load`` sums the replicas' :class:`ReplicaStats` loads over those heard from recently,
+    scaled up to the deployment's replica count when some were not heard from (their load
+    is taken to be the mean of the others'); its ``step_ms`` is the mean. Zero everywhere
+    until the first answer.
+
+    Attributes:
+        replicas: the deployment's replica count (the largest reported, at least those heard).
+        load: the summed :class:`~pipeline.serving.types.StageLoad`.
     """
 
     replicas: int = 0
-    depth: int = 0
-    urgent_depth: int = 0
-    active: int = 0
-    slots: int = 0
-    kv_reserved: int = 0
-    kv_budget: int = 0
-    step_ms: float = 0.0
+    load: StageLoad = field(default_factory=StageLoad)
 
     @staticmethod
-    def of(stats: list[ReplicaStats]) -> StageLoad:
+    def of(stats: list[ReplicaStats]) -> DeploymentLoad:
         """The sum over ``stats`` (one entry per replica)."""
         if not stats:
-            return StageLoad()
+            return DeploymentLoad()
         n = max(max(s.replicas for s in stats), len(stats))
         scale = n / len(stats)
-
-        def total(name: str) -> int:
-            return round(sum(getattr(s, name) for s in stats) * scale)
-
-        return StageLoad(replicas=n, depth=total("depth"), urgent_depth=total("urgent_depth"), active=total("active"),
-                         slots=total("slots"), kv_reserved=total("kv_reserved"), kv_budget=total("kv_budget"),
-                         step_ms=sum(s.step_ms for s in stats) / len(stats))
+        summed = {f.name: round(sum(getattr(s.load, f.name) for s in stats) * scale)
+                  for f in fields(StageLoad) if f.name != "step_ms"}
+        step_ms = sum(s.load.step_ms for s in stats) / len(stats)
+        return DeploymentLoad(replicas=n, load=StageLoad(**summed, step_ms=step_ms))

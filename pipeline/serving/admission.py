@@ -64,11 +64,12 @@ from typing import NamedTuple
 
 from pipeline.config import AdmissionConfig
 from pipeline.errors import Busy, BusyReason
+from pipeline.serving.types import StageLoad
 
 
 @dataclass(slots=True, frozen=True)
 class Load:
-    """The stages' queues when a turn ends.
+    """The stages' queues when a turn ends (:meth:`of` the stages' :class:`StageLoad` s).
 
     Attributes:
         asr_waiting: ASR requests queued. asr_batch: most decodes run together.
@@ -91,6 +92,19 @@ class Load:
     llm_step_ms: float = 0.0
     tts_waiting: int = 0
     tts_workers: int = 1
+
+    @classmethod
+    def of(cls, asr: StageLoad, llm: StageLoad, tts: StageLoad, *, asr_batch: int, tts_workers: int) -> Load:
+        """The turn's view of the stages' snapshots (``stage.load()``). ASR and TTS count
+        only their urgent work: partial transcripts and later phrases wait behind a turn's
+        final transcript and first phrase, so they do not delay it; every LLM request is urgent.
+
+        Args:
+            asr_batch: most decodes the ASR runs together. tts_workers: synthesizer threads.
+        """
+        return cls(asr_waiting=asr.urgent_depth, asr_batch=asr_batch, llm_waiting=llm.depth, llm_running=llm.active,
+                   llm_slots=llm.slots, kv_reserved=llm.kv_reserved, kv_budget=llm.kv_budget,
+                   llm_step_ms=llm.step_ms, tts_waiting=tts.urgent_depth, tts_workers=tts_workers)
 
 
 @dataclass(slots=True)

@@ -33,8 +33,9 @@ from typing import cast
 from pipeline import metrics
 from pipeline.config import VoxpipeConfig
 from pipeline.errors import Busy
+from pipeline.fault_rules import STAGES, StageName
 from pipeline.serving.breaker import BreakerConfig, CircuitBreaker, State
-from pipeline.serving.faults import STAGES, FaultInjector, StageName
+from pipeline.serving.faults import FaultInjector
 from pipeline.serving.ladder import OomLadder
 from pipeline.serving.slo_adapt import SloAdapter
 from pipeline.serving.types import Condition, TurnPolicy

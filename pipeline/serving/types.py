@@ -1,5 +1,5 @@
 """Types shared by the serving policies (admission, the out-of-memory ladder, breakers,
-SLO adaptation) and the sessions that follow them."""
+SLO adaptation), the stages they watch and the sessions that follow them."""
 
 from __future__ import annotations
 
@@ -7,6 +7,35 @@ from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+
+@dataclass(slots=True, frozen=True)
+class StageLoad:
+    """One consistent snapshot of a model stage's load (``stage.load()``): what admission
+    (:class:`~pipeline.serving.admission.Load`), the metrics and the Ray replicas' stats read.
+    A field that does not apply to a stage is 0 (ASR and TTS have no batch slots or KV cache).
+
+    Attributes:
+        depth: requests waiting in the stage's queue (the LLM's: waiting for a batch slot,
+            aborted ones left out).
+        urgent_depth: those waiting at the most urgent priority (0): what a latency-critical
+            request (a final transcript, a reply's first phrase) queues behind. Every LLM
+            request is a reply someone waits for: the LLM's equals ``depth``.
+        active: LLM requests in the batch now (decoding or prefilling).
+        slots: the LLM batch's size (requests served at once).
+        kv_reserved: KV-cache tokens the LLM batch's requests may hold (prompt + max new
+            tokens each, and the cached blocks they started from).
+        kv_budget: the LLM's KV-cache budget (tokens).
+        step_ms: the LLM's time per engine step now (ms; 0 before the first is measured).
+    """
+
+    depth: int = 0
+    urgent_depth: int = 0
+    active: int = 0
+    slots: int = 0
+    kv_reserved: int = 0
+    kv_budget: int = 0
+    step_ms: float = 0.0
 
 
 @dataclass(slots=True, frozen=True)

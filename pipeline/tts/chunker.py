@@ -69,7 +69,7 @@ class SentenceChunker:
       is ``first_chars`` long, or, with no punctuation yet, after ``first_words`` words
       (at the first later word that is plain letters — no digits, abbreviation or
       function word like "the"/"of"), trading a little prosody for time-to-first-audio
-      (each word is ~70 ms of SmolLM2 decoding on a 2-core CPU);
+      (each word waits for a few decode steps);
     - phrases shorter than ``min_chars`` are joined to the next one;
     - a fenced code block (```) is held until it closes, so it stays in one phrase
       (which :func:`speakable` then drops).

@@ -23,8 +23,8 @@ logger = logging.getLogger(__name__)
 MAX_PIECE_CHARS = 250
 """Most characters given to the model at once: a longer phrase (a run-on reply gives the
 chunker no punctuation to split at) is spoken in pieces cut at spaces, as Coqui's own
-Synthesizer splits sentences. VITS's memory and time grow faster than the text (one
-3000-character call: 3.4 GB and 19 s on 2 cores, not cancellable)."""
+Synthesizer splits sentences. VITS's memory and time grow faster than the text, and a
+call cannot be cancelled (one long call's cost: docs/BENCHMARKS.md)."""
 
 
 class CoquiTtsEngine(PhraseEngine):

@@ -10,8 +10,8 @@ same column. The model sees views ``[:slots, :, s:t]`` (:class:`BatchLayer`), so
 * a leaving request just frees its slot: nothing is copied, and leading columns that
   no live row uses are dropped by moving ``s`` (a view, not a copy).
 
-The first version rebuilt the batch tensors on every join and leave; with SmolLM2 at batch 8
-that cost 29 ms per join and 14 ms per leave beside a ~50 ms step (measured on this CPU).
+The first version rebuilt the batch tensors on every join and leave, which cost a large part
+of a step per join or leave (docs/BENCHMARKS.md).
 Free slots keep decoding garbage (seen by nobody but themselves, always finite) until a
 joining request takes them; when at most half the slots are live the batch is compacted.
 This is the "persistent batch" of vLLM v1's GPU model runner (vllm/v1/worker/gpu_input_batch.py).

@@ -4,10 +4,9 @@
 which oneDNN reorders into its blocked (AMX/AVX-512) layout on every call. Packing each
 weight once (``torch.ops.mkldnn._reorder_linear_weight``, the same op torch.compile's
 freezing pass uses, torch/_inductor/fx_passes/mkldnn_fusion.py) and calling
-``torch.ops.mkldnn._linear_pointwise`` skips that reorder. Measured on this 2-core Xeon
-with SmolLM2-135M, one decode step: 55 → 42 ms at batch 1, 65 → 51 ms at batch 8
-(``bench`` numbers in README). fp32 and int8 models are left alone (MKL already serves
-them well; the packed fp32 path was not faster here).
+``torch.ops.mkldnn._linear_pointwise`` skips that reorder (the decode-step gain is in
+docs/BENCHMARKS.md). fp32 and int8 models are left alone (MKL already serves them well; the
+packed fp32 path was not faster).
 """
 
 from __future__ import annotations

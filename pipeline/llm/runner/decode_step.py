@@ -1,9 +1,9 @@
 """A lean decode step for Llama-family models (Llama, Qwen2): the same arithmetic as
 transformers' forward, without its per-call machinery.
 
-With the weights read at the memory bandwidth (voxpipe's int4 kernel), a batch-1 decode
-step of Qwen2.5-0.5B on this 2-core CPU spent about a third of its time in Python around
-the kernels: ``nn.Module.__call__`` for ~340 submodules, deprecation and output-capture
+With the weights read at the memory bandwidth (voxpipe's int4 kernel), a small model's
+batch-1 decode step spends much of its time in Python around the kernels
+(docs/BENCHMARKS.md): ``nn.Module.__call__`` for ~340 submodules, deprecation and output-capture
 wrappers, per-layer keyword plumbing, and the mask builder. This step calls each
 submodule's ``forward`` directly, builds the decode mask once (the padding mask, as a
 (B, 1, 1, T) bool, which is what transformers' SDPA mask is for one query token) and runs

@@ -1,9 +1,9 @@
 """Several int4 projections of the same input in one kernel call (q/k/v, gate/up).
 
 A decode step of Qwen2.5-0.5B calls voxpipe's int4 kernel 7 times per layer; three of those
-calls (q, k, v) read the same activations, and two more (gate, up) another. Each call costs
-~15 us around the kernel (ctypes, the activations' int8 quantization, waking the OpenMP
-team), ~2 ms of a ~25 ms batch-1 step on this CPU. :class:`FusedQuant` lays the layers'
+calls (q, k, v) read the same activations, and two more (gate, up) another. Each call has a
+fixed cost around the kernel (ctypes, the activations' int8 quantization, waking the OpenMP
+team) that adds up over a batch-1 step (docs/BENCHMARKS.md). :class:`FusedQuant` lays the layers'
 packed weight tiles end to end (the kernel's layout is tile-major, 16 outputs per tile, so
 concatenating the packed arrays is the packed array of the stacked weight) and runs them in
 one call; each output column is computed exactly as in its own layer's call (same tile

@@ -4,8 +4,8 @@ A mixed step (:meth:`pipeline.llm.runner.runner.ModelRunner._mixed`) runs every 
 (one per decoding row, then each joining prompt chunk) as ONE flat sequence of batch 1,
 so the linear layers pass over the weights once. Attention must still keep the rows
 apart. Laying every row's past side by side and masking (the first version) copied the
-whole batch KV twice per layer and attended each token over all B×T columns: a mixed
-step cost 1.8× a decode step at batch 8 on this CPU. Here :class:`MixedCache` appends the
+whole batch KV twice per layer and attended each token over all B×T columns, so a mixed
+step cost far more than a decode step. Here :class:`MixedCache` appends the
 decoding rows' new column to the batch cache in place, and :func:`mixed_attention` runs
 transformers' SDPA per segment: the decoding rows as one (B, 1) query over their own
 (B, T+1) KV with the padding mask, and each chunk over its own past plus itself, causal.
@@ -107,11 +107,11 @@ def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     over the row's unmasked columns.
 
     PyTorch's CPU SDPA runs a flash-attention kernel built for long queries: for a decode
-    step's single token it is 2× (batch 1) to 12× (batch 8, 1000 columns) slower than fp32
-    matmuls, measured with Qwen2.5-0.5B's shapes (14 query heads over 2 KV heads, head dim
-    64). Where every row's columns are one span (a decode step's padding mask) and the
-    inputs are bf16, voxpipe's C kernel (:func:`native_attn.attend`) runs the whole batch in
-    one call by the same rule; otherwise the rows run in PyTorch.
+    step's single token it is slower than plain fp32 matmuls, the more so the longer the
+    batch and the rows (docs/BENCHMARKS.md). Where every row's columns are one span (a
+    decode step's padding mask) and the inputs are bf16, voxpipe's C kernel
+    (:func:`native_attn.attend`) runs the whole batch in one call by the same rule;
+    otherwise the rows run in PyTorch.
     Rows go one at a time over exactly their unmasked columns, not over the padded
     width: where a row's padding lies then changes no rounding, so this attention gives a
     row the same bits in a batch as alone. (A whole reply is not batch-invariant: on a CPU

@@ -5,12 +5,12 @@ Two costs follow on CPU:
 
 * every page of the file the weights touch stays mapped and counted in the process's RSS
   as long as one tensor still points into it. Quantizing or packing the linear layers makes
-  their own copies, but the norms and biases (Qwen2.5-0.5B: 121 tensors, 0.1 MB) kept the
-  whole 1.2 GB file mapped and resident: RSS 2.4 GB after loading with int4, 1.2 GB once
-  they were copied (found by the attack pass of 2026-12-03);
-* each embedding row is read from the file on its first lookup: 20 lookups of 8 random
-  tokens of Qwen's 272 MB embedding took 5.1 ms each, with 149 minor and 10 major page
-  faults, against 0.01 ms once resident (0.27 s of a profiled 2.9 s batch-8 decode run).
+  their own copies, but a few small norm and bias tensors keep the whole file mapped and
+  resident: the process holds the weights twice;
+* each embedding row is read from the file on its first lookup: a page fault (a disk read,
+  on a cold cache) in the middle of a decode step, for every token not seen before.
+
+The figures are in docs/BENCHMARKS.md ("Numbers formerly in docstrings").
 
 :func:`own_weights` copies every tensor that still lies in a file-backed mapping into the
 process's own memory, in place, so the mapping is released.

@@ -22,17 +22,16 @@ there it runs every step and no bf16 copy is kept (:func:`native_max_rows`); the
 below is about PyTorch's kernels.
 
 Both PyTorch kernels dequantize inside the inner loop, so their cost grows with the rows of ``x``:
-measured here (2-core EPYC, AVX-512 BF16, a Qwen2.5-0.5B-shaped stack of 24 layers, one
-thread) int4 takes 21 ms per step at 1 row against 50 ms for oneDNN bf16, 43 vs 80 ms at 4
-rows, 94 vs 88 at 8 and 846 vs 407 at 64; int8 48 vs 50 at 1 row and worse beyond. So each
-layer keeps its oneDNN-packed bf16 weight too (:class:`~pipeline.llm.runner.cpu_linear.PackedLinear`)
+int4 beats oneDNN bf16 clearly at 1 row, less at 4, ties near 8 and loses wider; int8 only
+about ties at 1 row (the crossover table is in docs/BENCHMARKS.md). So each layer keeps its
+oneDNN-packed bf16 weight too (:class:`~pipeline.llm.runner.cpu_linear.PackedLinear`)
 and takes the quantized kernel only for steps of at most ``max_rows`` rows (decode of a few
 rows); prefill chunks and wide batches run in bf16. ``max_rows=None`` drops the bf16 copy
 (quantized kernel for every shape, the smallest memory).
 
 ``torch.ops.aten._dyn_quant_matmul_4bit`` (KleidiAI, dynamic int8 activations) is an Arm
-kernel: on x86 torch 2.13 runs a reference loop, 8.5 ms for one 896×896 layer at 1 row
-(~100× the int4 kernel), so it is not used.
+kernel: on x86 torch 2.13 runs a reference loop, about two orders of magnitude slower than
+the int4 kernel, so it is not used.
 """
 
 from __future__ import annotations
@@ -52,15 +51,15 @@ INT4_GROUP_SIZE = 32
 """Default int4 group (weights per scale/zero pair): the GGUFs' own block (Q4_1, Q5_0, Q8_0
 blocks and Q4_K sub-blocks are 32 weights), so SmolLM2's Q4_1 layers come back exactly (0.4 %
 relative error against the bf16 weights: bf16 rounding; Qwen's 5-bit Q5_0 layers: 8 %). Its
-extra half-bit per weight of scales cost under 7 % of kernel time against groups of 64 or 128
-(one 896-wide layer stack, 1 row)."""
+extra half-bit per weight of scales costs little kernel time against groups of 64 or 128
+(docs/BENCHMARKS.md)."""
 
 GROUP_SIZES = (32, 64, 128)
 """Int4 groups the kernel takes (a layer whose K no group divides stays bf16)."""
 
 MAX_ROWS = {"int4": 4, "int8": 1}
 """Default rows per step up to which PyTorch's quantized kernel runs (above: the bf16 copy),
-from the crossover measured above (int4 wins up to 4 rows, ties at 8; int8 wins only at 1)."""
+from the crossover above (int4 wins up to 4 rows, ties at 8; int8 wins only at 1)."""
 
 NATIVE_MAX_ROWS = 8
 """Rows per step up to which voxpipe's int4 kernel runs on a CPU with AMX (see
@@ -75,13 +74,11 @@ def native_max_rows(cpuinfo: str | None = None) -> int | None:
     step, no bf16 copy kept) unless the CPU has AMX (:data:`AMX_FLAGS`), then
     :data:`NATIVE_MAX_ROWS`.
 
-    Measured on this 2-core EPYC (AVX-512 VNNI and BF16, no AMX), a Qwen2.5-0.5B-shaped stack
-    of 24 layers, 2 threads, ms per step (``rows``: int4 kernel / oneDNN bf16): 1: 3.6 / 34.6,
-    8: 14.1 / 31.9, 16: 22.4 / 47.9, 32: 48.6 / 73.1, 64: 90.1 / 129.0, 256: 335.4 / 466.4
-    (one thread: 1.4–8× alike). Without AMX, bf16 multiplies on the same AVX-512 units
+    On a CPU without AMX the kernel beat oneDNN bf16 at every width from 1 to 256 rows
+    (docs/KERNELS.md has the table). Without AMX, bf16 multiplies on the same AVX-512 units
     (``vdpbf16ps``, 32 products per instruction) as the kernel's ``vpdpbusd`` (64), so the
-    kernel wins at every width, prefill chunks included, and the bf16 copy (~0.9 GB for Qwen)
-    buys nothing. AMX's tile multiply is built for wide bf16 GEMMs; there, steps of more than
+    kernel wins at every width, prefill chunks included, and the bf16 copy (the size of the
+    bf16 weights) buys nothing. AMX's tile multiply is built for wide bf16 GEMMs; there, steps of more than
     :data:`NATIVE_MAX_ROWS` rows keep the bf16 copy (no AMX machine was at hand to measure).
     """
     return NATIVE_MAX_ROWS if cpu.cpu_flags(cpuinfo).issuperset(AMX_FLAGS) else None

@@ -20,9 +20,9 @@ move) before it takes a slot; a leaving request frees its slot.
 
 A step with both decoding rows and prompt chunks runs as ONE forward (:meth:`ModelRunner._mixed`,
 vLLM-style mixed batch): every new token in one flat sequence for the linear layers,
-attention per segment (:mod:`pipeline.llm.runner.mixed_attention`). On this CPU a forward costs about
-one pass over the weights whatever the batch, so a separate prefill forward would cost
-every running request a whole extra step per join.
+attention per segment (:mod:`pipeline.llm.runner.mixed_attention`). On a CPU a small batch's forward
+costs about one pass over the weights whatever the batch, so a separate prefill forward would
+cost every running request a whole extra step per join.
 """
 
 from __future__ import annotations
@@ -278,8 +278,7 @@ class ModelRunner:
         """Whether a step of prompt chunks alone runs as one flat sequence (:meth:`_mixed` with
         no decoding row) instead of the padded batch of :meth:`_prefill`: on the CPU, where
         padding is only work (each chunk padded to the longest and to the bucket: eight short
-        prompts arriving together cost ~0.5 s on Qwen2.5-0.5B int4, about three times their
-        tokens' worth)."""
+        prompts arriving together cost several times their tokens' worth)."""
         return self.batch is None and self.device.type == "cpu"
 
     def _mixed(self, reqs: list[SchedRequest], spans: dict[int, tuple[int, int]]) -> dict[int, int]:

@@ -2,9 +2,9 @@
  *
  * out[r] = the index of the largest of x[r, 0..n) read as fp32 (a bf16 is the top half of an
  * fp32, so the widening is exact): the first one on ties, the first NaN if there is one, 0 if
- * every value is -inf, which is torch.argmax's answer on the same values. PyTorch took ~1 ms for
- * 8 rows of Qwen's 151936 logits (a bf16 argmax, or an fp32 copy and its argmax), a cost per row
- * of every decode step; this reads each logit once.
+ * every value is -inf, which is torch.argmax's answer on the same values. PyTorch's argmax over a
+ * large vocabulary (a bf16 argmax, or an fp32 copy and its argmax) is a cost per row of every
+ * decode step (docs/BENCHMARKS.md); this reads each logit once.
  *
  * Lane l of the running maximum sees columns l, l + 16, ...; a strict > keeps the earliest
  * index per lane, and the lanes are merged by value, then by the smallest index.

@@ -8,8 +8,8 @@
  * One task per (row, KV head) computes all G query heads of that KV head, so each key and value
  * row is read and widened to fp32 once for G heads. Scores go 16 columns at a time (16 partial dot
  * products per head, reduced together by a transpose-and-add tree); the weighted sum of values keeps
- * up to 8 heads × 32 dimensions in registers (1.5-1.7x faster than one horizontal sum per score and
- * sums kept in memory, Qwen2.5-0.5B's heads at 100-1000 columns). Sums run in fp32 in a fixed order over the
+ * up to 8 heads × 32 dimensions in registers (faster than one horizontal sum per score and sums kept
+ * in memory: docs/BENCHMARKS.md). Sums run in fp32 in a fixed order over the
  * row's own columns only, and a task never depends on another row or on the thread count: a row
  * gets the same bits whatever else is in the batch and however many threads run (batch-invariant
  * by construction). exp is the Cephes single-precision polynomial (range reduction by ln 2,

@@ -25,13 +25,13 @@
 
 #define GROUP 32
 #define MAX_ROWS 8
-#define PREFETCH 2048 /* bytes of packed weights ahead (8 groups); 512-4096 and L2 hints measured no better */
+#define PREFETCH 2048 /* bytes of packed weights ahead (8 groups); other distances and L2 hints: docs/BENCHMARKS.md */
 
 typedef int32_t __attribute__((may_alias, aligned(1))) i32u; /* 4 activation bytes read as one int32 */
 
 /* per row and group of 32: d = max|x| / 127, xq = round(x / d) (nearest even, as lrintf),
- * and the fp32 sum of the group's unquantized values (the min term); 16 lanes at a time (the
- * scalar loop took ~3 ms of a batch-8 step of Qwen2.5-0.5B, serial before the parallel tiles). */
+ * and the fp32 sum of the group's unquantized values (the min term); 16 lanes at a time: it runs
+ * serially before the parallel tiles, so a scalar loop here shows in every step. */
 static void quantize_rows(const uint16_t *x, int M, int K, int8_t *xq, float *dx, float *xs) {
     int G = K / GROUP;
     for (int m = 0; m < M; m++) {
