@@ -27,14 +27,13 @@ PREROLL = RATE
 
 INLINE_VAD_SAMPLES = 4096
 """Frames up to this many samples (256 ms, 8 VAD windows) run the VAD inline on the event
-loop; longer ones go to a thread. Measured on this machine's CPU: Silero v6 (onnxruntime,
-1 thread) costs about 0.075 ms per 512-sample window (0.09 ms for one window, 0.6 ms for
-8, 23 ms for 10 s of audio), while an ``asyncio.to_thread`` hop costs about 0.03 ms on an
-idle loop and far more under load. A typical 20–100 ms client frame is 0–3 windows:
-inline it is cheaper than the hop, and the loop is blocked for under a millisecond."""
+loop; longer ones go to a thread. A Silero v6 window costs about as much as an
+``asyncio.to_thread`` hop on an idle loop, and the hop costs far more under load
+(docs/BENCHMARKS.md): a typical 20–100 ms client frame is 0–3 windows, cheaper inline than
+the hop, and a short block of the loop."""
 VAD_PIECE_SAMPLES = 16 * 512
-"""Large frames run through the VAD in pieces of this many samples (16 windows, ~1.2 ms),
-so that a thread holding the shared model's lock never makes an inline caller wait long."""
+"""Large frames run through the VAD in pieces of this many samples (16 windows), so that a
+thread holding the shared model's lock never makes an inline caller wait long."""
 
 
 class TurnTracker:
