@@ -32,15 +32,6 @@ REPO_PREFIXES = ("audio/", "pipeline/", "server/", "clients/", "cli/", "bench/",
                  "deploy/", ".ci/")
 """Inline code starting with one of these names a path in the repository."""
 
-PROVISIONAL_PATHS = frozenset({
-    "pipeline/llm/input.py",
-    "pipeline/llm/output.py",
-    "pipeline/session/turn_runner.py",
-    "pipeline/llm/runner/native/",
-})
-"""Created by issue 30 parts landing alongside the docs (the Session and LlmEngine splits, the
-kernels package). Remove each entry once its path exists: the docs then stand on their own."""
-
 TEST_COMMAND = ".venv/bin/python -m pytest -q"
 """The README's test command; ``.ci/run`` runs it (with more reporting flags)."""
 SHELL_OPERATORS = {"&&", "||", ";", "|", "&"}
@@ -178,9 +169,8 @@ def voxpipe_invocations(command: str) -> list[list[str]]:
 
 
 def parser():
-    """``voxpipe``'s argument parser (``build_parser`` once it is public)."""
-    build = getattr(cli.main, "build_parser", None) or cli.main._parser
-    return build()
+    """``voxpipe``'s argument parser."""
+    return cli.main.build_parser()
 
 
 def doc_id(path: Path) -> str:
@@ -270,6 +260,4 @@ def test_python_module_exists(doc: Path, module: str):
 
 @pytest.mark.parametrize(("doc", "path"), FOUND["paths"], ids=lambda v: doc_id(v) if isinstance(v, Path) else v)
 def test_repository_path_exists(doc: Path, path: str):
-    if path in PROVISIONAL_PATHS or any(path.startswith(p) for p in PROVISIONAL_PATHS if p.endswith("/")):
-        return
     assert (ROOT / path).exists(), f"{doc_id(doc)}: `{path}` is not in the repository"
