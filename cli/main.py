@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_flags(s)
     r = s.add_argument_group("ray", "Run the model stages as Ray Serve deployments.")
     r.add_argument("--ray", default=None, metavar="auto|ADDRESS",
-                   help="run ASR, LLM and TTS as Ray Serve deployments (README 'Scaling out with Ray Serve'): "
+                   help="run ASR, LLM and TTS as Ray Serve deployments (docs/RAY.md): "
                         "auto joins this machine's Ray cluster or starts a local one; ADDRESS: a cluster's HOST:PORT")
     r.add_argument("--ray-config", default=None, metavar="PATH",
                    help="with --ray: per-stage deployment options from a Serve config (e.g. deploy/ray-serve.yaml)")

@@ -19,8 +19,8 @@ def runtime_env() -> None:
     own environment wins): idle OpenMP threads sleep instead of spinning (2-core budget),
     after a spin of :data:`pipeline.cpu_share.OMP_SPIN_COUNT` between a step's kernels; and oneDNN keeps at
     most 256 compiled kernels — one per linear-layer shape and token count (the LLM runner
-    rounds step lengths up to multiples of 8, so its working set fits); the default 1024
-    grew RSS by ~230 MB as steps of new lengths came (SmolLM2)."""
+    rounds step lengths up to multiples of 8, so its working set fits); the default 1024 let
+    RSS grow as steps of new lengths came (docs/BENCHMARKS.md)."""
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from pipeline.cpu_share import OMP_SPIN_COUNT
 

@@ -80,7 +80,7 @@ def _scripted_reply(audio_s: float = 0.5, rate: int = 24000) -> list:
 @pytest.mark.parametrize("out", ["default", "--out", "--no-out"])
 def test_ask_writes_reply_audio_where_asked(out, tmp_path, monkeypatch, capsys):
     """``reply.wav`` in the current folder unless ``--out PATH`` says where or ``--no-out``
-    says nowhere (README: "writes reply.wav"). A scripted server: no model."""
+    says nowhere (docs/CLIENTS.md: "writes reply.wav"). A scripted server: no model."""
     import soundfile as sf
 
     from cli.main import main

@@ -1,4 +1,4 @@
-"""The import graph keeps the layout's promises (README "Layout"): no import runs from a
+"""The import graph keeps the layout's promises (docs/ARCHITECTURE.md, "Layout: the rooms"): no import runs from a
 lower room to a higher one, sibling stages meet only through their ``types`` modules,
 torch stays behind the LLM runner's fence, no two files and no two folders import each
 other in a circle (tests/import_graph.py), and no module takes another's private name.

@@ -408,7 +408,7 @@ async def test_real_model_list_complete_and_stream_agree(server):
         ask = [{"role": "user", "content": "Name three colors."}]
         # Both requests below reuse this one's cached prompt blocks, so they compute alike. (A cold
         # prompt and a cached one round differently: an ulp in bf16, which int8 activations can turn
-        # into another greedy token at a near-tie; README, "Greedy replies and the prefix cache".)
+        # into another greedy token at a near-tie; docs/ARCHITECTURE.md, "Greedy replies and rounding".)
         await c.chat.completions.create(model="smollm2", messages=ask, max_tokens=1, temperature=0)
         whole = await c.chat.completions.create(model="smollm2", messages=ask, max_tokens=24, temperature=0)
         text = whole.choices[0].message.content

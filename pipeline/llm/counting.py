@@ -3,7 +3,7 @@ with the model's own tokenizer and chat template when the user gives its folder
 (``--tokenizer PATH``), else a deliberately high estimate.
 
 The session trims its history to the context budget with this count
-(:meth:`~pipeline.session.history.History.prompt`), so an over-estimate only drops a
+(:meth:`~pipeline.session.history.ChatHistory.prompt`), so an over-estimate only drops a
 little old history early; an under-estimate could overflow the server's context window.
 """
 

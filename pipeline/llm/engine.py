@@ -2,13 +2,11 @@
 
 Sessions :meth:`LlmEngine.submit` a :class:`GenRequest` and iterate the returned
 :class:`~pipeline.llm.stream.TokenStream` for text deltas; :meth:`TokenStream.abort`
-(disconnect, cancel, barge-in) stops its generation at the next token step.
-
-The engine thread repeats :meth:`LlmEngine.step`, the glue of vLLM v1's ``EngineCore.step``
+(disconnect, cancel, barge-in) stops its generation at the next token step. The engine
+thread repeats :meth:`LlmEngine.step`, the glue of vLLM v1's ``EngineCore.step``
 (vllm/v1/engine/core.py): the input processor (:mod:`pipeline.llm.input`) turns requests into
 the scheduler's, the scheduler plans, the model runner executes, the output processor
-(:mod:`pipeline.llm.output`) turns sampled tokens into text for the streams.
-"""
+(:mod:`pipeline.llm.output`) turns sampled tokens into text for the streams."""
 
 from __future__ import annotations
 

@@ -12,7 +12,8 @@ ctypes (:mod:`.bindings`, checked against the C prototypes in ``kernels.h``):
 ``VOXPIPE_NATIVE=0`` in the environment turns all three off: no library is built or loaded,
 and the callers run PyTorch's kernels (``_weight_int4pack_mm_for_cpu`` for int4, per-row
 PyTorch decode attention, ``torch.argmax``). Where the CPU lacks the instruction sets
-(:mod:`.cpu`), no C compiler is found or the build fails, the same happens, with a warning.
+(:mod:`.cpu`) the same happens quietly (:func:`status` says why); where no C compiler is
+found or the build fails, with a warning.
 """
 
 from __future__ import annotations
