@@ -187,3 +187,30 @@ async def test_speech_that_resumes_before_the_turns_task_ran_leaves_no_orphan_re
         assert len(live) == 1, (len(llm.requests), llm.aborted)  # the merged turn's reply only
     finally:
         await h.close()
+
+
+async def test_a_turn_continued_before_its_task_ran_can_still_speculate():
+    """Speech that ends and resumes within one frame continues the turn before the ended
+    turn's task has run: the cancelled task never starts. The merged turn must not wait
+    for that task's transcript forever: its own pause speculates, and the speculation is
+    what answers it (one reply, used)."""
+    from pipeline import metrics
+
+    used = metrics.SPECULATIONS.labels("used")
+    cfg = VoxpipeConfig()
+    cfg.turn = TurnConfig(early_end_ms=200, end_silence_ms=500, merge_window_ms=2000)
+    h = Harness(cfg=cfg)
+    try:
+        # one frame: speech, a turn-ending silence, speech again (the same turn, resumed)
+        burst = np.concatenate([tone(1200), silence(700), tone(1200)])
+        seen = await h.play([Start(), Audio(burst, frame_ms=len(burst) * 1000 / 16000), WaitFor(ev.SpeechStarted, 2)])
+        ids = [e.turn_id for e in of(seen, ev.SpeechStarted)]
+        assert ids[0] == ids[1]  # continued
+        # nothing of the ended turn is awaited any more (its cancelled task ended)
+        await h.play([WaitUntil(lambda: not h.session.turn_state.busy, "the ended turn's task is let go")])
+        before = used._value.get()
+        seen = await h.play([Audio(silence(700)), WaitFor(ev.ResponseDone)])
+        assert used._value.get() == before + 1  # the merged turn's pause speculated, and its end used it
+        assert len(of(seen, ev.ResponseStarted)) == 1
+    finally:
+        await h.close()

@@ -140,9 +140,9 @@ class TurnRunner:
         self.machine.fire(StageEvent.SUBMIT)
         if spec is not None:
             self._confirming = spec
-            self._task = self._spawn(self._answer(lambda: self.work.confirm(spec), turn))
+            self._submit(lambda: self.work.confirm(spec), turn)
         else:
-            self._task = self._spawn(self._answer(lambda: self.work.transcribe_and_reply(turn, t_end), turn))
+            self._submit(lambda: self.work.transcribe_and_reply(turn, t_end), turn)
 
     def _refuse(self, turn: AsrTurn) -> None:
         """Stop a refused turn before any final decode: its streaming ASR stops. Its audio
@@ -183,20 +183,29 @@ class TurnRunner:
 
     # ---- the turn's task (its work: pipeline/session/turn_work.py) ---------------------
 
-    async def _answer(self, work: Callable[[], Coroutine[Any, Any, None]], turn: AsrTurn) -> None:
-        """Run a submitted turn's transcription and reply start (``work()``, created here
-        so that a task cancelled before it starts leaves no coroutine behind); then, if it
-        is still the latest ended turn's, tell the turn state its transcript is done
-        (whatever happened). A turn that started no reply no longer counts as pending for
-        admission."""
-        try:
-            await work()
-        finally:
-            if self.replies.current is None or not self.replies.current.running:
-                self.gate.release(turn)
-            if asyncio.current_task() is self._task:
-                self.turn_state.transcript_done()
-                self.machine.fire(StageEvent.TASK_DONE)
+    def _submit(self, work: Callable[[], Coroutine[Any, Any, None]], turn: AsrTurn) -> None:
+        """Start a submitted turn's task: its transcription and reply start (``work()``, created
+        inside the task, so that a task cancelled before it starts leaves no coroutine behind).
+        :meth:`_answered` runs when the task ends, however it ends."""
+        task = self._spawn(self._answer(work))
+        task.add_done_callback(lambda done: self._answered(done, turn))
+        self._task = task
+
+    @staticmethod
+    async def _answer(work: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        await work()
+
+    def _answered(self, task: asyncio.Task, turn: AsrTurn) -> None:
+        """A turn's task ended — done, failed, or cancelled, even before it ran (speech that
+        continued the turn at once: a ``finally`` in the task would never run then, and the
+        turn state would wait for a transcript forever). A turn that started no reply no
+        longer counts as pending for admission; if it is still the latest ended turn's task,
+        the turn state's transcript is done (whatever happened)."""
+        if self.replies.current is None or not self.replies.current.running:
+            self.gate.release(turn)
+        if task is self._task:
+            self.turn_state.transcript_done()
+            self.machine.fire(StageEvent.TASK_DONE)
 
     # ---- speculative end of turn (see pipeline/session/speculation.py) -----------------
 
