@@ -54,32 +54,44 @@ class PcmFormat:
 
 
 MIN_EVIDENCE = 64
-"""Non-zero 32-bit words needed before the format check decides anything."""
+"""Telling 32-bit words needed before the format check decides anything."""
+
+TINY_F32 = 1e-7
+"""Words that read as float32 of magnitude up to this tell nothing: quiet PCM16 read as
+float32 is tiny (its high sample small and positive), and so is float32 near silence (a
+resampler's ringing after digital silence, ~1e-11)."""
+
+
+def _telling(data: bytes) -> np.ndarray:
+    """The 32-bit words of ``data`` read as float32, less those that tell nothing about the
+    format: zeros (the same in both formats) and tiny values (:data:`TINY_F32`)."""
+    n = len(data) // 4
+    x = np.frombuffer(data[: n * 4], dtype="<f4")
+    return x[~(np.isfinite(x) & (np.abs(x) <= TINY_F32))]
 
 
 def f32_evidence(data: bytes) -> int:
-    """Number of non-zero 32-bit words in ``data`` (what :func:`looks_like_f32` judges)."""
-    n = len(data) // 4
-    return int(np.count_nonzero(np.frombuffer(data[: n * 4], dtype="<u4"))) if n else 0
+    """Number of 32-bit words in ``data`` that tell float32 from PCM16 (what
+    :func:`looks_like_f32` judges)."""
+    return len(_telling(data))
 
 
 def looks_like_f32(data: bytes) -> bool:
     """True if ``data`` reads as plausible float32 audio in [-1, 1].
 
-    Real PCM16 audio read as float32 gives mostly non-finite, huge or denormal
-    values, so this separates the two formats on a few hundred bytes. Only non-zero
-    words count (zeros read the same in both formats), and fewer than
-    :data:`MIN_EVIDENCE` of them decide nothing (False): near-silent PCM16 — zeros and
-    ±1 dither — is never mistaken for float32.
+    Real PCM16 audio read as float32 gives mostly non-finite, huge or tiny values, so this
+    separates the two formats on a few hundred bytes. Only telling words count (not zeros,
+    which read the same in both formats, nor tiny values, which quiet audio of either gives),
+    and fewer than :data:`MIN_EVIDENCE` of them decide nothing (False): near-silent PCM16 —
+    zeros and ±1 dither — is never mistaken for float32, and float32 that starts near silence
+    is judged on its first real sound, not on its silence.
     """
-    n = len(data) // 4
-    if n < 16:
+    if len(data) // 4 < 16:
         return False
-    x = np.frombuffer(data[: n * 4], dtype="<f4")
-    x = x[x != 0]
+    x = _telling(data)
     if len(x) < MIN_EVIDENCE:
         return False
-    ok = np.isfinite(x) & (np.abs(x) <= 1.0) & (np.abs(x) > 1e-7)
+    ok = np.isfinite(x) & (np.abs(x) <= 1.0)
     return bool(ok.mean() > 0.98)
 
 

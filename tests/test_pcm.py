@@ -131,3 +131,20 @@ def test_audio_after_the_end_of_input_starts_a_fresh_stream(rate):
     second = np.concatenate([dec.feed(tone), dec.flush()])
     assert abs(len(first) - 16000) <= 16 and abs(len(second) - 16000) <= 16
     assert np.allclose(first, second, atol=1e-4)
+
+
+@pytest.mark.parametrize("frame_samples", [128, 1024, 4096])
+def test_undeclared_f32_after_digital_silence_is_rejected_in_small_frames(audio_dir, frame_samples):
+    """A browser's 48 kHz float32 sent with a bare ``session.start`` (PCM16 16 kHz assumed):
+    speech after leading digital silence, resampled (soxr rings at ~1e-11 into the silence),
+    in small frames. The check must judge the speech, not the ringing, and refuse it — it
+    once took the ringing as PCM16 and never looked again (the attack pass, CASES C05)."""
+    from audio.wav import read_mono
+
+    x, rate = read_mono(audio_dir / "en_jfk_inaugural_1961.wav")
+    f32 = resample(x[: 4 * rate], rate, 48000).astype("<f4").tobytes()
+    dec = PcmDecoder(PcmFormat(16000, "pcm16", 1))
+    step = frame_samples * 4
+    with pytest.raises(AudioFormatError, match="float32"):
+        for i in range(0, len(f32), step):
+            dec.feed(f32[i : i + step])
