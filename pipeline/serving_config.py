@@ -177,9 +177,10 @@ class ServerConfig:
     """Largest WebSocket message accepted (bytes; 4 MiB ≈ 65 s of 16 kHz f32 mono); a larger one
     closes the connection with code 1009."""
     send_queue: int = 256
-    """Outbound events buffered per session before the slowest data is dropped."""
+    """Outbound frames (events and audio) buffered per session; when it is full the session's
+    producers wait for the client to read (server/outbox.py)."""
     slow_client_timeout_s: float = 10.0
-    """A client that does not read for this long is closed (s)."""
+    """A client whose full send queue has not drained for this long is closed with 1008 (s)."""
     max_sessions: int = 0
     """Open sessions at most; more are refused (HTTP 503 / close 1013) before they cost anything
     (0: auto, 8 per LLM batch slot).
@@ -215,8 +216,8 @@ class ServerConfig:
     """Seconds of audio a client may send at once beyond the sustained rate (a file or clip sent
     as fast as possible)."""
     text_rate: float = 20.0
-    """Text frames per second a client may send sustained (a frame counts once per started 16
-    KiB)."""
+    """Text frames per second a client may send sustained (a frame counts once, and once more
+    per full 16 KiB)."""
     text_burst: float = 100.0
     """Text frames a client may send at once."""
     read_stall_s: float = 3.0

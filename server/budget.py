@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from pipeline.config import ServerConfig
 
 TEXT_UNIT_BYTES = 16 * 1024
-"""A text frame counts once per started 16 KiB: parsing a 4 MiB frame costs like 256 small ones."""
+"""A text frame counts once, and once more per full 16 KiB: parsing a 4 MiB frame costs like 256
+small ones."""
 MIN_FRAME_S = 0.002
 """Each binary frame costs at least 2 ms of audio: handling a frame costs the server
 something whatever it holds, so a flood of empty or tiny frames is paced too (at 3x real
