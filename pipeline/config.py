@@ -16,6 +16,12 @@ from dataclasses import dataclass, fields
 from pipeline.config_fields import check_ranges, flag, section
 from pipeline.serving_config import AdmissionConfig, DegradeConfig, ServerConfig, is_loopback
 
+END_OF_TURN = ("silence", "smart-turn")
+"""The end-of-turn rules (:attr:`TurnConfig.end_of_turn`)."""
+EAGERNESS = ("auto", "low", "medium", "high")
+"""The eagerness settings (:attr:`TurnConfig.eagerness`; OpenAI Realtime's ``semantic_vad``
+names)."""
+
 
 @dataclass(slots=True, kw_only=True)
 class TurnConfig:
@@ -54,6 +60,38 @@ class TurnConfig:
     vad_gate: bool = True
     """Quiet windows after half a second of non-speech skip Silero, so a silent session costs
     almost nothing (:mod:`audio.vad_gate`)."""
+    end_of_turn: str = "silence"
+    """How a turn's end is decided: ``silence`` (``end_silence_ms`` of silence) or
+    ``smart-turn`` (the Smart Turn v3.2 end-of-turn model on the turn's audio, asked at
+    ``early_end_ms`` and again as the silence grows: a confident "complete" ends the turn at
+    once, "incomplete" waits up to the eagerness's cap; :mod:`pipeline.session.end_of_turn`)."""
+    eagerness: str = "auto"
+    """How soon ``smart-turn`` ends a turn: ``low`` (waits longest for the user to go on),
+    ``medium``, ``high`` (answers soonest) or ``auto`` (``medium``). A session may choose its
+    own in ``session.start`` (``eagerness``) or Realtime's ``semantic_vad``."""
+    eot_model: str = flag("auto", metavar="PATH")
+    """The end-of-turn ONNX model: ``auto`` (Smart Turn v3.2, from the ``pipecat-ai`` wheel)
+    or a local ``.onnx`` file with the same input and output."""
+    eot_batch_size: int = 8
+    """Most end-of-turn requests (from any sessions) the model runs together."""
+    eot_threads: int = 1
+    """CPU threads for the end-of-turn model (onnxruntime intra-op threads)."""
+    backchannels: bool = True
+    """While the assistant speaks, a short acknowledgement ("yeah", "mm-hm", "okay": the
+    language's word list in :mod:`pipeline.session.backchannel`, within
+    ``backchannel_max_ms`` and ``backchannel_max_words``) does not cancel the reply."""
+    backchannel_words: str = ""
+    """More backchannel words or phrases, comma-separated, for every language (added to the
+    built-in lists)."""
+    backchannel_max_ms: int = 1000
+    """Speech over a reply longer than this is never a backchannel (ms)."""
+    backchannel_max_words: int = 3
+    """Speech over a reply with more words than this is never a backchannel."""
+    resume_after_ms: int = 1000
+    """False-interruption resume: speech over a reply first pauses it (its audio stops, the
+    rest is kept); if no words (or only a backchannel) are heard within this long, or the
+    speech ends without them, the reply resumes where it stopped; only words cancel it (ms;
+    0: off, the reply plays on until words cancel it)."""
 
     def validate(self) -> None:
         """Raises:
@@ -66,8 +104,15 @@ class TurnConfig:
             raise ValueError("turn: need 0 <= early_end_ms < end_silence_ms (0 turns speculation off)")
         if not 1.0 <= self.max_turn_s <= 3600.0:
             raise ValueError("turn: max_turn_s must be within 1..3600 s")
+        if self.end_of_turn not in END_OF_TURN:
+            raise ValueError(f"turn: end_of_turn must be one of {', '.join(END_OF_TURN)}, got {self.end_of_turn!r}")
+        if self.eagerness not in EAGERNESS:
+            raise ValueError(f"turn: eagerness must be one of {', '.join(EAGERNESS)}, got {self.eagerness!r}")
         check_ranges("turn", self, {"min_speech_ms": (0, 10_000), "end_silence_ms": (100, 60_000), "pad_ms": (0, 5_000),
-                                    "merge_window_ms": (0, 60_000), "barge_in_min_ms": (0, 60_000)})
+                                    "merge_window_ms": (0, 60_000), "barge_in_min_ms": (0, 60_000),
+                                    "eot_batch_size": (1, 256), "eot_threads": (1, 256),
+                                    "backchannel_max_ms": (0, 60_000), "backchannel_max_words": (0, 100),
+                                    "resume_after_ms": (0, 60_000)})
 
 
 @dataclass(slots=True, kw_only=True)

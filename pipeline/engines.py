@@ -23,7 +23,7 @@ from pipeline.llm.loader import load_llm
 from pipeline.llm.types import GenRequest, RemoteLlmSpec
 from pipeline.serving.admission import Load
 from pipeline.serving.types import StageLoad
-from pipeline.stages import AsrStage, LlmStage, Stage, TtsStage, VadModel
+from pipeline.stages import AsrStage, EotStage, LlmStage, Stage, TtsStage, VadModel
 from pipeline.tts.engine import PhraseEngine, TtsEngine
 from pipeline.tts.loader import load_voice
 
@@ -112,6 +112,8 @@ class Engines:
     llm: LlmStage
     tts: TtsStage
     fallback_llm: FallbackLlm | None = None
+    eot: EotStage | None = None
+    """The end-of-turn model (None: turns end on silence alone)."""
 
     def loads(self) -> dict[str, StageLoad]:
         """Each stage's load snapshot, by stage name (``asr``, ``llm``, ``tts``)."""

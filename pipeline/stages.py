@@ -125,3 +125,18 @@ class TtsStage(Stage, Protocol):
             Busy: the stage's queue is full; or the voice's exception.
         """
         ...
+
+
+class EotStage(Stage, Protocol):
+    """The end-of-turn model (:mod:`pipeline.eot`): has the user finished their turn?"""
+
+    async def run(self, item: np.ndarray) -> float:
+        """The probability (0..1) that the turn whose audio ``item`` is (float32, shape (n,),
+        16 kHz mono, from before the speech start to now; the last 8 s are used) is complete.
+        Requests from any sessions are batched.
+
+        Raises:
+            pipeline.errors.Busy: the stage's queue is full (the caller falls back to silence).
+        """
+        ...
+
