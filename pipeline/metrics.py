@@ -32,6 +32,17 @@ END_OF_TURN = Counter("voxpipe_end_of_turn_total",
 EOT_CHECKS = Counter("voxpipe_eot_checks_total",
                      "end-of-turn model checks by answer (complete, wait, none: busy or failed)", ["answer"],
                      registry=REGISTRY)
+BARGE_INS = Counter("voxpipe_barge_ins_total",
+                    "speech over a reply by outcome (cancelled: words cancelled it; continued: words continued "
+                    "the turn it answered; new_turn: its final transcript started a new reply; resumed: it "
+                    "paused the reply, which went on; ignored: no words or a backchannel, the reply played on)",
+                    ["outcome"], registry=REGISTRY)
+BACKCHANNELS_IGNORED = Counter("voxpipe_backchannels_ignored_total",
+                               "speech over a reply that was only a backchannel (turn.empty backchannel)",
+                               registry=REGISTRY)
+FALSE_INTERRUPTIONS = Counter("voxpipe_false_interruptions_resumed_total",
+                              "replies paused by speech over them that resumed (no words, or a backchannel)",
+                              registry=REGISTRY)
 ADMISSIONS = Counter("voxpipe_admissions_total",
                      "turns admitted or refused at the end of the user's turn (reason: queue, memory, "
                      "sessions, stage; '' when admitted)", ["decision", "reason"], registry=REGISTRY)

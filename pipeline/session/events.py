@@ -166,7 +166,8 @@ class TurnEmpty(_ServerEvent):
 
     type: Literal["turn.empty"] = "turn.empty"
     turn_id: TurnId
-    reason: Literal["no_speech", "no_words", "restart"]
+    reason: Literal["no_speech", "no_words", "backchannel", "restart"] = Field(
+        description="backchannel: only an acknowledgement (\"yeah\", \"mm-hm\") spoken over a reply, which goes on")
 
 
 class ResponseStarted(_ServerEvent):
@@ -213,6 +214,27 @@ class ResponseCancelled(_ServerEvent):
     reason: CancelReason
 
 
+PauseReason = Literal["speech"]
+
+
+class ResponsePaused(_ServerEvent):
+    """The reply's audio stopped, the rest kept: the user speaks over it (a possible
+    barge-in). ``response.resumed`` (no words, or only a backchannel) or
+    ``response.cancelled`` follows."""
+
+    type: Literal["response.paused"] = "response.paused"
+    response_id: int
+    reason: PauseReason
+
+
+class ResponseResumed(_ServerEvent):
+    """A paused reply goes on from where it stopped (it was a false interruption)."""
+
+    type: Literal["response.resumed"] = "response.resumed"
+    response_id: int
+    paused_ms: int = Field(ge=0, description="how long it was paused (ms)")
+
+
 class Busy(_ServerEvent):
     """A turn was refused before any work was spent on it (no final transcript, no
     reply): try again after ``retry_after_ms``."""
@@ -248,14 +270,15 @@ class Error(_ServerEvent):
 
 
 ServerEvent = Annotated[SessionStarted | SpeechStarted | SpeechStopped | TranscriptPartial | TranscriptFinal | TurnEmpty
-                        | ResponseStarted | ResponseTextDelta | ResponseDone | ResponseCancelled | Busy | ServerStatus
-                        | Error,
+                        | ResponseStarted | ResponseTextDelta | ResponseDone | ResponseCancelled | ResponsePaused
+                        | ResponseResumed | Busy | ServerStatus | Error,
                         Field(discriminator="type")]
 """Any server → client event."""
 
 SERVER_EVENTS: tuple[type[BaseModel], ...] = (
     SessionStarted, SpeechStarted, SpeechStopped, TranscriptPartial, TranscriptFinal, TurnEmpty,
-    ResponseStarted, ResponseTextDelta, ResponseDone, ResponseCancelled, Busy, ServerStatus, Error,
+    ResponseStarted, ResponseTextDelta, ResponseDone, ResponseCancelled, ResponsePaused, ResponseResumed, Busy,
+    ServerStatus, Error,
 )
 
 

@@ -11,7 +11,7 @@ import asyncio
 import logging
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pipeline import metrics
 from pipeline.config import VoxpipeConfig
@@ -54,11 +54,19 @@ CANCEL_WAIT_S = 2.0
 
 @dataclass(slots=True)
 class Reply:
-    """One reply: its responder, the task running it and the turn it answers."""
+    """One reply: its responder, the task running it and the turn it answers.
+
+    Attributes:
+        acks: backchannels the user spoke over it ("yeah"): the history keeps them after it
+            if it completes, and forgets them if it is cancelled.
+        completed: it ended with ``response.done``.
+    """
 
     responder: Responder
     task: asyncio.Task | None = None
     turn_id: int = 0
+    acks: list[str] = field(default_factory=list)
+    completed: bool = False
 
     @property
     def rid(self) -> int:
@@ -192,6 +200,9 @@ class Replies:
     async def _run(self, reply: Reply, user_text: str, t_end: float, asr_ms: float) -> None:
         try:
             await reply.responder.run(user_text, t_end=t_end, asr_ms=asr_ms)
+            reply.completed = True
+            for ack in reply.acks:  # the user's acknowledgements of it, after it
+                self.history.add_turn(ack, "")
         except Busy as exc:  # raised before response.started: the turn is refused, nothing is open
             await send_busy(reply.responder.out, exc, turn_id=reply.turn_id)
         except asyncio.CancelledError:

@@ -84,6 +84,10 @@ class Responder:
         self._t_release = 0.0  # when a speculative reply was confirmed (perf_counter s)
         self._stream: TextStream | None = None  # the LLM request, once submitted
         self._aborted = False  # ... and aborted
+        self._playing = asyncio.Event()  # cleared while paused (a possible barge-in): no audio is sent
+        self._playing.set()
+        self._t_paused: float | None = None  # when it was paused (perf_counter s)
+        self._ahead_at_pause = 0.0  # audio the client still had buffered then (s)
 
     def abort_request(self) -> None:
         """Abort the LLM request now, if it was submitted (idempotent), rather than when the
@@ -93,6 +97,39 @@ class Responder:
         if self._stream is not None:
             self._aborted = True
             self._stream.abort()
+
+    @property
+    def paused(self) -> bool:
+        """Its audio is paused (:meth:`pause`)."""
+        return self._t_paused is not None
+
+    def pause(self) -> bool:
+        """Stop sending audio, keeping the rest of the reply, until :meth:`resume` (the text
+        and the LLM go on). False, and nothing changes, if it is paused already or no audio
+        was sent yet."""
+        if self._t_paused is not None or self._t_play is None:
+            return False
+        now = time.perf_counter()
+        self._t_paused = now
+        self._ahead_at_pause = max(0.0, self.audio_s - (now - self._t_play))
+        self._playing.clear()
+        return True
+
+    def resume(self) -> float | None:
+        """Send the rest of the audio from where it stopped; returns how long it was paused
+        (s), or None if it was not.
+
+        The pacing clock (:meth:`_pace`) is shifted by the part of the pause that the
+        client's buffer sat empty (the pause less the audio it had buffered, which it went on
+        playing): the client is then assumed to hold what it really holds, and the lead is
+        built up again as at the reply's start, never more than ``playback_lead_s``."""
+        if self._t_paused is None or self._t_play is None:
+            return None
+        paused = time.perf_counter() - self._t_paused
+        self._t_play += max(0.0, paused - self._ahead_at_pause)
+        self._t_paused = None
+        self._playing.set()
+        return paused
 
     @property
     def queued(self) -> bool:
@@ -230,6 +267,7 @@ class Responder:
             self.spoken.append(phrase)
             step = int(self.output_rate * AUDIO_CHUNK_S)
             for i in range(0, len(audio), step):
+                await self._playing.wait()  # paused: the rest waits here, from this chunk on
                 await self._pace()
                 first = "first_audio" not in self.timings
                 if first:

@@ -301,14 +301,14 @@ class Session:
         # only the latest speech turn's ASR is open (sends partials)
         await self.out.send(ev.TranscriptPartial(turn_id=self.ids.speech_id, committed=part.committed,
                                                  unstable=part.unstable, text=part.text, language=part.language))
-        await self._maybe_barge_in()
+        await self._maybe_barge_in(part)
 
-    async def _maybe_barge_in(self) -> None:
+    async def _maybe_barge_in(self, part: Partial) -> None:
         """The user talks over the reply: speech that lasted ``barge_in_min_ms`` and that
         the ASR heard words in (a partial transcript) cancels it. Coughs, claps and noise
-        give no words (or too short a burst) and leave the reply alone."""
-        ts = self.turn_state
-        long_enough = (self._tracker.pos - self._speech_start) * 1000 / RATE >= self.cfg.turn.barge_in_min_ms
-        if ts.interrupting and long_enough:
-            ts.barge_in()
-            await self.replies.cancel("barge_in")
+        give no words (or too short a burst) and leave the reply alone; so does a
+        backchannel ("yeah", "mm-hm"; :mod:`pipeline.session.barge_in`)."""
+        if self.turn_state.interrupting:
+            speech_ms = (self._tracker.pos - self._speech_start) * 1000 / RATE
+            await self.runner.words_over_reply(part.text, part.language, speech_ms,
+                                               lambda: self._tracker.since(self._speech_start))

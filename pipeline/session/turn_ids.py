@@ -92,6 +92,12 @@ class TurnIds:
         self.span, self.end_t = (start, end.end), t_end
         self.closed = end.reason == "input_end"
 
+    def rejoin(self, start: int) -> None:
+        """The speech in progress joined an earlier speech turn that began at sample
+        ``start``: the latest turn's span begins there (its id stays)."""
+        if self.span is not None:
+            self.span = (start, self.span[1])
+
     def close(self) -> None:
         """The client ended the latest turn (``input.end``): later speech starts a new one."""
         self.closed = True

@@ -8,7 +8,9 @@ or submits it: a task confirms the speculation or decodes the final transcript, 
 starts the reply. Speech that resumes within the merge window continues the turn
 (:class:`~pipeline.session.turn_ids.TurnIds`): its task and reply are cancelled, its words
 stay. Where the turn stands is a :class:`~pipeline.session.turn_machine.TurnMachine`; the
-session's :class:`~pipeline.session.turn_state.TurnState` is told what happened.
+session's :class:`~pipeline.session.turn_state.TurnState` is told what happened. Speech over
+a reply goes through :class:`~pipeline.session.interruptions.Interruptions` (pause, resume,
+cancel, backchannels).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from pipeline.config import TurnConfig
 from pipeline.session import events as ev
 from pipeline.session.gate import CHARS_PER_SPEECH_S, TurnGate
 from pipeline.session.history import ChatHistory
+from pipeline.session.interruptions import Interruptions
 from pipeline.session.replies import Replies, send_busy
 from pipeline.session.speculation import HeldOutbox, Speculation
 from pipeline.session.turn_ids import TurnIds
@@ -60,6 +63,7 @@ class TurnRunner:
         machine: where the latest speech turn stands.
         asr: the streaming ASR of the speech in progress (None between speech).
         last: ... of the latest speech turn (speech may continue it).
+        barge: speech over the reply (barge-in, backchannels, false-interruption resume).
     """
 
     def __init__(self, *, cfg: TurnConfig, out: Outbox, history: ChatHistory, gate: TurnGate, replies: Replies,
@@ -68,14 +72,16 @@ class TurnRunner:
                  error: Callable[[ev.ErrorCode, str], Awaitable[None]], session_id: str) -> None:
         self.cfg, self.out, self.history, self.gate, self.replies = cfg, out, history, gate, replies
         self.turn_state, self.ids, self._new_asr, self._spawn = turn_state, ids, new_asr, spawn
+        self.barge = Interruptions(cfg=cfg, replies=replies, turn_state=turn_state, history=history, spawn=spawn)
         self.work = TurnWork(out=out, replies=replies, gate=gate, ids=ids, turn_state=turn_state, error=error,
-                             session_id=session_id)
+                             session_id=session_id, barge=self.barge)
         self.machine = TurnMachine()
         self.asr: AsrTurn | None = None
         self.last: AsrTurn | None = None
         self._task: asyncio.Task | None = None  # the latest ended turn's: final ASR (or confirmation), then reply
         self._spec: Speculation | None = None  # while SPECULATING: the speculation of the speech in progress
         self._confirming: Speculation | None = None  # ... handed to the latest submitted turn's task
+        self._held: tuple[AsrTurn, int] | None = None  # the turn (and its first sample) the speech may yet continue
 
     # ---- speech ------------------------------------------------------------------------
 
@@ -84,6 +90,13 @@ class TurnRunner:
         from ``pad_ms`` before it): stream it to the ASR. Speech that resumes soon after the
         latest turn ended continues that turn (its reply is cancelled; its words stay)."""
         turn = self.last if self.last is not None and self.ids.continues(start) else None
+        # Over an audible reply, speech that would continue the latest turn is a barge-in
+        # candidate first, a turn of its own: it continues that turn only once words are heard
+        # (words_over_reply); a cough or an "mm-hm" leaves the reply alone.
+        held = (turn, self.ids.span[0]) if turn is not None and self.ids.span and self.barge.holds_continuation(turn) \
+            else None
+        if held is not None:
+            turn = None
         turn_id = self.ids.speech_started(start, continues=turn is not None)
         await self.out.send(ev.SpeechStarted(turn_id=turn_id, audio_ms=int(start * 1000 / RATE)))
         self.turn_state.speech_started()  # over a reply: a barge-in candidate until ASR confirms words
@@ -97,8 +110,10 @@ class TurnRunner:
             self.machine.fire(StageEvent.SPEECH)
             turn = self._new_asr()
         self.asr = self.last = turn
+        self._held = held
         turn.feed(preroll)
         self.ids.register(turn, turn_id)
+        await self.barge.speech_started(turn)  # over a reply: a candidate (an audible reply pauses)
 
     async def _cancel_answer(self) -> None:
         """The latest turn goes on: cancel its task, its speculation and its reply."""
@@ -111,16 +126,42 @@ class TurnRunner:
             spec.drop()
         await self.replies.cancel("continued")
 
+    async def words_over_reply(self, text: str, language: str | None, speech_ms: float,
+                               audio: Callable[[], np.ndarray]) -> None:
+        """A partial transcript ``text`` of the speech in progress over a reply (``speech_ms``
+        long so far). If its words cancel the reply, cancel it (``barge_in``); or, when this
+        speech was held back from continuing the latest turn, continue that turn after all:
+        its reply is cancelled (``continued``), this speech's ASR stops and the turn's goes on
+        with ``audio()`` (this speech's samples from ``pad_ms`` before it, float32 16 kHz);
+        the merged turn keeps this speech's id."""
+        turn = self.asr
+        if turn is None or not self.barge.words_cancel(text, speech_ms, language):
+            return
+        held, self._held = self._held, None
+        if held is None:
+            await self.barge.cancel(turn, "barge_in")
+            return
+        old, old_start = held
+        await self.barge.cancel(turn, "continued")
+        self.barge.forget(old)
+        await self._cancel_answer()
+        turn.close()
+        old.reopen()
+        old.feed(audio())
+        self.asr = self.last = old
+        self.ids.register(old, self.ids.speech_id)
+        self.ids.rejoin(old_start)
+
     async def speech_ended(self, end: SpeechEnd, *, t_end: float, drop_tail: int) -> None:
         """The speech ended (``t_end``: when, ``time.perf_counter()`` s; ``drop_tail``:
         samples after it beyond ``pad_ms``, left out of its transcript): refuse its turn or
         submit it."""
-        turn, self.asr = self.asr, None
+        turn, self.asr, self._held = self.asr, None, None
         self.ids.speech_ended(end, t_end)
         turn_id = self.ids.of(turn) if turn is not None else self.ids.speech_id
         await self.out.send(ev.SpeechStopped(turn_id=turn_id, audio_ms=int(end.end * 1000 / RATE), reason=end.reason))
         if turn is None:
-            self.turn_state.speech_stopped(turn_submitted=False)
+            await self._stopped(None, end, submitted=False)
             return
         spec = self._spec
         if spec is not None and spec.resp is not None:  # a running speculation was admitted at the pause
@@ -131,10 +172,10 @@ class TurnRunner:
                                       own_asr=int(turn.urgent_in_flight), own_llm=self.queued_replies())
             if refusal is not None:
                 self._refuse(turn)
-                self.turn_state.speech_stopped(turn_submitted=False)
+                await self._stopped(turn, end, submitted=False)
                 await send_busy(self.out, refusal.as_busy(), turn_id=turn_id)
                 return
-        self.turn_state.speech_stopped(turn_submitted=True)
+        await self._stopped(turn, end, submitted=True)
         turn.end_input(drop_tail=drop_tail)
         self._spec = None
         self.machine.fire(StageEvent.SUBMIT)
@@ -143,6 +184,12 @@ class TurnRunner:
             self._submit(lambda: self.work.confirm(spec), turn)
         else:
             self._submit(lambda: self.work.transcribe_and_reply(turn, t_end), turn)
+
+    async def _stopped(self, turn: AsrTurn | None, end: SpeechEnd, *, submitted: bool) -> None:
+        """Tell the turn state and the barge-in handling that the speech ended (``submitted``:
+        its turn goes to its final transcript)."""
+        self.turn_state.speech_stopped(turn_submitted=submitted)
+        await self.barge.speech_ended(turn, speech_ms=(end.end - end.start) * 1000 / RATE, submitted=submitted)
 
     def _refuse(self, turn: AsrTurn) -> None:
         """Stop a refused turn before any final decode: its streaming ASR stops. Its audio

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Literal
 
 from pipeline import metrics
 from pipeline.asr.turn import AsrTurn
@@ -17,6 +18,7 @@ from pipeline.asr.types import Partial
 from pipeline.errors import Busy
 from pipeline.session import events as ev
 from pipeline.session.gate import TurnGate
+from pipeline.session.interruptions import Interruptions
 from pipeline.session.replies import Replies, send_busy
 from pipeline.session.speculation import Speculation
 from pipeline.session.turn_ids import TurnIds
@@ -35,14 +37,17 @@ class TurnWork:
         gate: admission (each reply's hooks).
         ids: the turns' ids.
         turn_state: told when a turn had no words.
+        barge: speech over the reply: a turn spoken over one that was only a backchannel
+            ends without a reply (``turn.empty`` ``backchannel``).
         error: ``error(code, message)`` reports to the client.
         session_id: for logs.
     """
 
     def __init__(self, *, out: Outbox, replies: Replies, gate: TurnGate, ids: TurnIds, turn_state: TurnState,
-                 error: Callable[[ev.ErrorCode, str], Awaitable[None]], session_id: str) -> None:
+                 error: Callable[[ev.ErrorCode, str], Awaitable[None]], session_id: str,
+                 barge: Interruptions | None = None) -> None:
         self.out, self.replies, self.gate, self.ids, self.turn_state = out, replies, gate, ids, turn_state
-        self.error, self.id = error, session_id
+        self.error, self.id, self.barge = error, session_id, barge
 
     async def transcribe_and_reply(self, turn: AsrTurn, t_end: float) -> None:
         """Decode the turn's final transcript, report it and start its reply (a refused
@@ -61,14 +66,17 @@ class TurnWork:
                                      hooks=self.gate.hooks(turn))
 
     async def final_transcript(self, turn: AsrTurn, result: Partial) -> bool:
-        """Report the turn's final transcript; False (and ``turn.empty``) if it has no words."""
+        """Report the turn's final transcript; False (and ``turn.empty``) if it has no words,
+        or if it was spoken over a reply and is only a backchannel (the reply goes on)."""
         audio_s = turn.stream.total_s
         metrics.ASR_SECONDS.observe(turn.decode_ms / 1000)
         if audio_s > 0:
             metrics.ASR_RTF.observe(turn.decode_ms / 1000 / audio_s)
-        if not result.text:
+        heard = await self.barge.final(turn, result.text, result.language) if self.barge is not None else None
+        if not result.text or heard == "backchannel":
             self.turn_state.turn_empty()
-            await self.out.send(ev.TurnEmpty(turn_id=self.ids.of(turn), reason="no_words"))
+            reason: Literal["backchannel", "no_words"] = "backchannel" if result.text else "no_words"
+            await self.out.send(ev.TurnEmpty(turn_id=self.ids.of(turn), reason=reason))
             return False
         await self.out.send(ev.TranscriptFinal(turn_id=self.ids.of(turn), text=result.text, language=result.language,
                                                audio_ms=int(audio_s * 1000)))

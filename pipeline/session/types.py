@@ -157,3 +157,16 @@ class StageEvent(enum.Enum):
     """The task of the latest turn that ended finished (however)."""
     RESET = "reset"
     """``session.start`` again: the latest turn is forgotten."""
+
+
+class BargeAction(enum.Enum):
+    """What to do with the reply the user speaks over (:class:`~pipeline.session.barge_in.BargeIn`)."""
+
+    NONE = "none"
+    """Nothing (yet)."""
+    PAUSE = "pause"
+    """Stop sending its audio and keep the rest (``response.paused``)."""
+    CANCEL = "cancel"
+    """Words: cancel it (a barge-in)."""
+    RESUME = "resume"
+    """A false interruption: send the rest of its audio (``response.resumed``)."""

@@ -205,7 +205,7 @@ class RealtimeOutbox(WsOutbox):
                         content_index=0, transcript=text, usage={"type": "duration", "seconds": audio_ms / 1000})
 
     async def _on_turn_empty(self, e: ev.TurnEmpty) -> None:
-        if e.reason == "no_words":
+        if e.reason in ("no_words", "backchannel"):  # a backchannel over a reply is no turn of its own
             await self._completed(e.turn_id, "", 0)
         elif e.reason == "no_speech":
             await self.error("input_audio_buffer_commit_empty", "the input audio buffer holds no speech to commit")
