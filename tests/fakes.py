@@ -126,13 +126,16 @@ class FakeAsr(_Stage):
     Args:
         delay_s: time each decode takes.
         error: raised by every decode instead (e.g. ``Busy("asr")``).
+        vocab: the words it hears instead of :data:`VOCAB` (word *i* is ``vocab[i % len(vocab)]``),
+            e.g. ``("Yeah.",)`` for a backchannel.
     """
 
     multilingual = False
     languages = ["en"]
 
-    def __init__(self, *, delay_s: float = 0.0, error: Exception | None = None) -> None:
-        self.delay_s, self.error = delay_s, error
+    def __init__(self, *, delay_s: float = 0.0, error: Exception | None = None,
+                 vocab: Sequence[str] | None = None) -> None:
+        self.delay_s, self.error, self.vocab = delay_s, error, vocab
         self.requests: list[DecodeRequest | AsrRequest] = []
 
     @staticmethod
@@ -149,6 +152,8 @@ class FakeAsr(_Stage):
         if self.error is not None:
             raise self.error
         words = self.words(item.audio)
+        if self.vocab:
+            words = [self.vocab[i % len(self.vocab)] for i in range(len(words))]
         if isinstance(item, AsrRequest):
             return Transcript(" ".join(words), "en", len(item.audio) / RATE, 1.0)
         said = len(item.prefix.split())

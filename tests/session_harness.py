@@ -38,6 +38,7 @@ class AudioOut:
 
 Seen = ev.SessionStarted | ev.SpeechStarted | ev.SpeechStopped | ev.TranscriptPartial | ev.TranscriptFinal \
     | ev.TurnEmpty | ev.ResponseStarted | ev.ResponseTextDelta | ev.ResponseDone | ev.ResponseCancelled \
+    | ev.ResponsePaused | ev.ResponseResumed \
     | ev.Error | AudioOut
 
 

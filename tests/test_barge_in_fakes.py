@@ -1,0 +1,212 @@
+"""Speech over a reply on fake stages (tests/fakes.py): backchannels do not cancel, a false
+interruption pauses and resumes, words cancel; the switches give the old behaviour. No
+models; waits have deadlines; no assertion depends on wall-clock speed."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline import metrics
+from pipeline.config import TurnConfig, VoxpipeConfig
+from pipeline.session import events as ev
+from tests.fakes import FakeAsr, FakeLlm, FakeTts, LlmReply, fake_engines, noise, silence, tone
+from tests.session_harness import Audio, AudioOut, Harness, Start, Text, WaitFor, types_of
+
+ANSWER = "An answer that plays for a few seconds."  # 39 characters: ~3 s of fake speech
+YEAH = ("Yeah.",)
+
+
+def cfg(**turn) -> VoxpipeConfig:
+    c = VoxpipeConfig()
+    c.turn = TurnConfig(**turn)
+    return c
+
+
+def of(seen, kind) -> list:
+    return [e for e in seen if isinstance(e, kind)]
+
+
+def harness(*, vocab=None, turn=None, replies=2) -> tuple[Harness, FakeLlm]:
+    llm = FakeLlm([LlmReply.of(ANSWER)] * replies)
+    tts = FakeTts(s_per_char=0.08)
+    engines = fake_engines(asr=FakeAsr(vocab=vocab), llm=llm, tts=tts)
+    return Harness(engines=engines, cfg=cfg(**(turn or {}))), llm
+
+
+# a typed question, then (once its reply is audible) speech over it
+SPEAKING = [Start(), Text("Tell me something."), WaitFor(AudioOut)]
+
+
+def count(counter, *labels) -> float:
+    return (counter.labels(*labels) if labels else counter)._value.get()
+
+
+async def test_a_backchannel_pauses_the_reply_which_resumes_and_completes():
+    h, llm = harness(vocab=YEAH)
+    ignored, resumed = count(metrics.BACKCHANNELS_IGNORED), count(metrics.FALSE_INTERRUPTIONS)
+    try:
+        seen = await h.play([*SPEAKING, Audio(tone(300)), Audio(silence(700)), WaitFor(ev.TurnEmpty),
+                             WaitFor(ev.ResponseDone)])
+        t = types_of(seen)
+        assert [e.reason for e in of(seen, ev.TurnEmpty)] == ["backchannel"]
+        assert not of(seen, ev.ResponseCancelled) and not of(seen, ev.TranscriptFinal)
+        assert t.index("speech.started") < t.index("response.paused") < t.index("response.resumed") \
+            < t.index("response.done")
+        paused, resumed_ev = of(seen, ev.ResponsePaused)[0], of(seen, ev.ResponseResumed)[0]
+        assert paused.response_id == resumed_ev.response_id == of(seen, ev.ResponseDone)[0].response_id
+        assert paused.reason == "speech" and resumed_ev.paused_ms >= 0
+        i, j = seen.index(paused), seen.index(resumed_ev)
+        assert not [e for e in seen[i:j] if isinstance(e, AudioOut)], "audio sent while paused"
+        assert len(llm.requests) == 1  # the backchannel got no reply of its own
+        assert count(metrics.BACKCHANNELS_IGNORED) == ignored + 1
+        assert count(metrics.FALSE_INTERRUPTIONS) == resumed + 1
+        # the reply completed: the history keeps the acknowledgement after it
+        await h.play([Text("And then?"), WaitFor(ev.ResponseDone, 2)])
+        msgs = llm.requests[1].messages
+        assert msgs[-4:] == [{"role": "user", "content": "Tell me something."},
+                             {"role": "assistant", "content": ANSWER},
+                             {"role": "user", "content": "Yeah."}, {"role": "user", "content": "And then?"}]
+    finally:
+        await h.close()
+
+
+async def test_a_wordless_burst_pauses_and_the_reply_resumes():
+    h, llm = harness()
+    try:
+        seen = await h.play([*SPEAKING, Audio(noise(600)), Audio(silence(700)), WaitFor(ev.TurnEmpty),
+                             WaitFor(ev.ResponseDone)])
+        assert [e.reason for e in of(seen, ev.TurnEmpty)] == ["no_words"]
+        assert len(of(seen, ev.ResponsePaused)) == len(of(seen, ev.ResponseResumed)) == 1
+        assert not of(seen, ev.ResponseCancelled) and llm.aborted == []
+    finally:
+        await h.close()
+
+
+async def test_noise_that_goes_on_resumes_after_resume_after_ms():
+    h, _ = harness(turn={"resume_after_ms": 100})
+    try:
+        # real-time noise for 1.5 s: the reply resumes while the "speech" still goes on
+        seen = await h.play([*SPEAKING, Audio(noise(1500), pace=1.0), Audio(silence(700)), WaitFor(ev.ResponseDone)])
+        t = types_of(seen)
+        assert t.index("response.paused") < t.index("response.resumed") < t.index("speech.stopped")
+        assert not of(seen, ev.ResponseCancelled)
+    finally:
+        await h.close()
+
+
+async def test_words_cancel_a_paused_reply():
+    h, llm = harness()
+    outcome = count(metrics.BARGE_INS, "cancelled")
+    try:
+        seen = await h.play([*SPEAKING, Audio(tone(1500)), WaitFor(ev.ResponseCancelled)])
+        t = types_of(seen)
+        assert t.index("response.paused") < t.index("response.cancelled")
+        assert [c.reason for c in of(seen, ev.ResponseCancelled)] == ["barge_in"]
+        assert not of(seen, ev.ResponseResumed) and llm.aborted == [0]
+        assert count(metrics.BARGE_INS, "cancelled") == outcome + 1
+        seen = await h.play([Audio(silence(700)), WaitFor(ev.ResponseStarted, 2)])  # the words get their reply
+        assert of(seen, ev.ResponseStarted)[1].user_text == of(seen, ev.TranscriptFinal)[0].text
+    finally:
+        await h.close()
+
+
+async def test_a_short_word_without_partials_cancels_at_its_final():
+    h, _ = harness(vocab=("Stop.",))
+    try:
+        seen = await h.play([*SPEAKING, Audio(tone(300)), Audio(silence(700)), WaitFor(ev.ResponseStarted, 2)])
+        assert [c.reason for c in of(seen, ev.ResponseCancelled)] == ["barge_in"]
+        assert of(seen, ev.ResponseStarted)[1].user_text == "Stop."
+        assert not of(seen, ev.ResponseResumed)
+    finally:
+        await h.close()
+
+
+async def test_backchannels_without_resume_do_not_cancel_nor_pause():
+    h, llm = harness(vocab=YEAH, turn={"resume_after_ms": 0})
+    try:
+        seen = await h.play([*SPEAKING, Audio(tone(300)), Audio(silence(700)), WaitFor(ev.TurnEmpty),
+                             WaitFor(ev.ResponseDone)])
+        assert [e.reason for e in of(seen, ev.TurnEmpty)] == ["backchannel"]
+        assert not of(seen, ev.ResponsePaused) and not of(seen, ev.ResponseCancelled)
+        assert len(llm.requests) == 1
+    finally:
+        await h.close()
+
+
+async def test_resume_without_backchannels_a_yeah_is_words():
+    h, _ = harness(vocab=YEAH, turn={"backchannels": False})
+    try:
+        seen = await h.play([*SPEAKING, Audio(tone(300)), Audio(silence(700)), WaitFor(ev.ResponseStarted, 2)])
+        assert len(of(seen, ev.ResponsePaused)) == 1
+        assert [c.reason for c in of(seen, ev.ResponseCancelled)] == ["barge_in"]
+        assert of(seen, ev.ResponseStarted)[1].user_text == "Yeah."
+    finally:
+        await h.close()
+
+
+async def test_switched_off_a_yeah_is_a_new_turn_as_before():
+    h, _ = harness(vocab=YEAH, turn={"backchannels": False, "resume_after_ms": 0})
+    try:
+        seen = await h.play([*SPEAKING, Audio(tone(300)), Audio(silence(700)), WaitFor(ev.ResponseStarted, 2)])
+        assert not of(seen, ev.ResponsePaused) and not of(seen, ev.ResponseResumed)
+        assert [c.reason for c in of(seen, ev.ResponseCancelled)] == ["new_turn"]
+    finally:
+        await h.close()
+
+
+# ---- speech in the merge window over an audible reply ------------------------------------
+
+SPOKEN = [Start(), Audio(tone(1000)), Audio(silence(700)), WaitFor(AudioOut)]
+
+
+async def test_a_burst_in_the_merge_window_does_not_continue_the_turn():
+    h, llm = harness()
+    try:
+        seen = await h.play([*SPOKEN, Audio(noise(600)), Audio(silence(700)), WaitFor(ev.TurnEmpty),
+                             WaitFor(ev.ResponseDone)])
+        ids = [e.turn_id for e in of(seen, ev.SpeechStarted)]
+        assert ids == [ids[0], ids[0] + 1]  # a candidate turn of its own, not the first continued
+        assert not of(seen, ev.ResponseCancelled) and llm.aborted == []
+        assert [e.reason for e in of(seen, ev.TurnEmpty)] == ["no_words"]
+    finally:
+        await h.close()
+
+
+async def test_words_in_the_merge_window_continue_the_turn():
+    h, llm = harness()
+    try:
+        seen = await h.play([*SPOKEN, Audio(tone(1500)), WaitFor(ev.ResponseCancelled), Audio(silence(700)),
+                             WaitFor(ev.ResponseStarted, 2)])
+        assert [c.reason for c in of(seen, ev.ResponseCancelled)] == ["continued"]
+        first, merged = of(seen, ev.TranscriptFinal)
+        second_id = of(seen, ev.SpeechStarted)[1].turn_id
+        assert merged.turn_id == second_id == first.turn_id + 1
+        assert merged.text.startswith(first.text) and len(merged.text.split()) > len(first.text.split())
+        assert of(seen, ev.ResponseStarted)[1].user_text == merged.text
+    finally:
+        await h.close()
+
+
+async def test_switched_off_the_merge_window_continues_at_once_as_before():
+    h, _ = harness(turn={"backchannels": False, "resume_after_ms": 0})
+    try:
+        seen = await h.play([*SPOKEN, Audio(noise(600)), WaitFor(ev.ResponseCancelled)])
+        ids = [e.turn_id for e in of(seen, ev.SpeechStarted)]
+        assert ids[0] == ids[1]
+        assert [c.reason for c in of(seen, ev.ResponseCancelled)] == ["continued"]
+    finally:
+        await h.close()
+
+
+@pytest.mark.parametrize("turn", [{}, {"resume_after_ms": 0}])
+async def test_a_cancelled_reply_keeps_no_acknowledgement(turn):
+    # a backchannel, then words that cancel the reply: the history has no "Yeah." of it
+    h, llm = harness(vocab=("Yeah.", "Tuesday"), turn=turn)
+    try:
+        await h.play([*SPEAKING, Audio(tone(300)), Audio(silence(700)), WaitFor(ev.TurnEmpty)])
+        await h.play([Audio(silence(2500)), Audio(tone(1500)), WaitFor(ev.ResponseCancelled),
+                      Audio(silence(700)), WaitFor(ev.ResponseStarted, 2)])
+        contents = [m["content"] for m in llm.requests[-1].messages]
+        assert "Tell me something." in contents and "Yeah." not in contents
+    finally:
+        await h.close()
