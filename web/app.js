@@ -305,6 +305,16 @@ function onEvent(ev) {
     case "response.cancelled":
       onCancelled(ev);
       break;
+    case "response.paused": // the user speaks over it: hold its later audio until the server decides
+      response(ev.response_id).held = [];
+      log(`← response.paused #${ev.response_id} (${ev.reason})`);
+      break;
+    case "response.resumed": // a false interruption: what was held plays on
+      r = response(ev.response_id);
+      for (const frame of r.held || []) playFrame(ev.response_id, r, frame);
+      r.held = null;
+      log(`← response.resumed #${ev.response_id} after ${ev.paused_ms} ms`);
+      break;
     case "busy":
       thinking = false;
       busy(ev);
@@ -384,9 +394,14 @@ function onAudio(buf) {
   r.samples += n;
   if (r.firstAudioAt === undefined) r.firstAudioAt = performance.now();
   vp.audioSamplesReceived += n;
+  const frame = { pcm: new Int16Array(buf, 4, n), first: r.frames === 1 };
+  if (r.held && !r.cancelled) r.held.push(frame); // paused: queued only once resumed
+  else playFrame(rid, r, frame);
+}
+
+function playFrame(rid, r, frame) {
   const rate = (vp.declared && vp.declared.output_sample_rate) || 24000;
-  const played = r.cancelled || r.flushed || !player ? false : player.play(key(rid), new Int16Array(buf, 4, n), rate,
-                                                                          r.frames === 1);
+  const played = r.cancelled || r.flushed || !player ? false : player.play(key(rid), frame.pcm, rate, frame.first);
   if (!played) vp.audioFramesDropped++;
   else if (played.underrun) vp.underruns++;
 }
