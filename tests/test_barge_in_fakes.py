@@ -210,3 +210,18 @@ async def test_a_cancelled_reply_keeps_no_acknowledgement(turn):
         assert "Tell me something." in contents and "Yeah." not in contents
     finally:
         await h.close()
+
+
+async def test_the_realtime_edge_sends_nothing_for_a_pause():
+    import json
+
+    from server.realtime.outbox import RealtimeOutbox
+    from server.realtime.types import Settings
+
+    out = RealtimeOutbox(None, Settings(), maxsize=16, timeout_s=1.0)
+    await out.send(ev.ResponsePaused(response_id=1, reason="speech"))
+    await out.send(ev.ResponseResumed(response_id=1, paused_ms=700))
+    assert out._q.empty()  # Realtime has no such events
+    await out.send(ev.TurnEmpty(turn_id=1, reason="backchannel"))  # its transcription item completes, empty
+    sent = json.loads(out._q.get_nowait())
+    assert sent["type"] == "conversation.item.input_audio_transcription.completed" and sent["transcript"] == ""

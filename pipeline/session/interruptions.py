@@ -144,6 +144,13 @@ class Interruptions:
         self._count(turn, "new_turn" if heard == "words" else "ignored", over)
         return heard
 
+    def reset(self) -> None:
+        """``session.start`` again: the speech in progress and every turn over a reply are
+        forgotten (the reply was cancelled)."""
+        self._forget_pause()
+        self.policy.speech_ended(submitted=True)
+        self._over.clear()
+
     # ---- the paused reply ----------------------------------------------------------------
 
     async def _pause(self, reply: Reply) -> None:

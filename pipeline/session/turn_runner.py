@@ -203,6 +203,7 @@ class TurnRunner:
         """``session.start`` again: speech in progress ends here, unanswered (``audio_ms``:
         where the old stream stopped); every turn is forgotten."""
         self.drop_speculation(reopen=False)
+        self.barge.reset()
         if self.asr is not None:
             turn_id = self.ids.of(self.asr)
             await self.out.send(ev.SpeechStopped(turn_id=turn_id, audio_ms=audio_ms, reason="restart"))
