@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
 
 import numpy as np
 import pytest
 
 from audio.wav import read_mono
+from bench.eot import main as bench_eot
 from pipeline import metrics
 from pipeline.config import VoxpipeConfig
 from pipeline.engines import load_eot
@@ -163,3 +165,16 @@ async def test_engines_load_start_and_report_the_stage():
     finally:
         engines.stop()
     assert eot._threads == []
+
+
+def test_bench_eot_prints_every_row(audio_dir, capsys):
+    """``voxpipe bench eot`` (one timed run per row): the model rows, the features and the stage."""
+    from cli.main import build_parser
+
+    args = build_parser().parse_args(["bench", "eot", "--batches", "1", "2", "--runs", "1", "--json",
+                                      "--audio-dir", str(audio_dir)])
+    assert bench_eot(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [(r["what"], r["batch"]) for r in out["rows"]] == [("model", 1), ("model", 2), ("features", 1)]
+    assert [(r["batch_size"], r["requests"]) for r in out["stage"]] == [(1, 2), (2, 2)]
+    assert all(r["ms"] > 0 for r in out["rows"]) and all(0 < r["mean_ms"] <= r["last_ms"] for r in out["stage"])
