@@ -25,6 +25,13 @@ VOICE_TO_VOICE = Histogram("voxpipe_voice_to_voice_seconds", "end of user speech
 SPECULATIONS = Counter("voxpipe_speculations_total",
                        "speculative ends of turn (used: the turn ended there; dropped: the user went on; "
                        "failed: no transcript in time)", ["outcome"], registry=REGISTRY)
+END_OF_TURN = Counter("voxpipe_end_of_turn_total",
+                      "ends of speech turns by cause (silence: the silence rule; model: the end-of-turn model "
+                      "said complete; cap: the eagerness's silence cap; fallback: the silence rule because the "
+                      "model gave no answer; max_length; input_end)", ["cause"], registry=REGISTRY)
+EOT_CHECKS = Counter("voxpipe_eot_checks_total",
+                     "end-of-turn model checks by answer (complete, wait, none: busy or failed)", ["answer"],
+                     registry=REGISTRY)
 ADMISSIONS = Counter("voxpipe_admissions_total",
                      "turns admitted or refused at the end of the user's turn (reason: queue, memory, "
                      "sessions, stage; '' when admitted)", ["decision", "reason"], registry=REGISTRY)

@@ -284,10 +284,28 @@ class FakeTts(_Stage):
         return Speech(audio, self.rate, self.delay_s * 1000)
 
 
+class FakeEot(_Stage):
+    """An end-of-turn model that answers from a script: each call takes the next answer (a
+    probability, or an exception to raise), then ``default``; it records the audio it got."""
+
+    def __init__(self, script: Sequence[float | Exception] = (), *, default: float = 0.0) -> None:
+        super().__init__()
+        self.script, self.default = list(script), default
+        self.calls: list[np.ndarray] = []
+
+    async def run(self, item: np.ndarray) -> float:
+        self.calls.append(item)
+        answer = self.script.pop(0) if self.script else self.default
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
 def fake_engines(*, asr: FakeAsr | None = None, llm: FakeLlm | None = None, tts: FakeTts | None = None,
-                 vad: FakeVad | None = None) -> Engines:
-    """:class:`Engines` over fakes (defaults for any not given)."""
-    return Engines(vad=vad or FakeVad(), asr=asr or FakeAsr(), llm=llm or FakeLlm(), tts=tts or FakeTts())
+                 vad: FakeVad | None = None, eot: FakeEot | None = None) -> Engines:
+    """:class:`Engines` over fakes (defaults for any not given; no end-of-turn model unless
+    ``eot``)."""
+    return Engines(vad=vad or FakeVad(), asr=asr or FakeAsr(), llm=llm or FakeLlm(), tts=tts or FakeTts(), eot=eot)
 
 
 class CharTokenizer:
@@ -303,5 +321,5 @@ class CharTokenizer:
         return "".join(chr(i) for i in ids if not (skip_special_tokens and i < 2))
 
 
-__all__ = ["Busy", "CharTokenizer", "Delta", "EnergyVadStream", "FakeAsr", "FakeLlm", "FakeTts", "FakeVad", "LlmReply",
-           "ScriptedVadStream", "fake_engines", "noise", "pcm16", "silence", "tone"]
+__all__ = ["Busy", "CharTokenizer", "Delta", "EnergyVadStream", "FakeAsr", "FakeEot", "FakeLlm", "FakeTts", "FakeVad",
+           "LlmReply", "ScriptedVadStream", "fake_engines", "noise", "pcm16", "silence", "tone"]

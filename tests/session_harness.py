@@ -91,6 +91,8 @@ class Start:
     vad: bool = True
     sample_rate: int = RATE
     system_prompt: str | None = None
+    end_of_turn: str | None = None
+    eagerness: str | None = None
 
 
 @dataclass(slots=True)
@@ -175,8 +177,9 @@ class Harness:
         s = self.session
         if isinstance(a, Start):
             n = len(self.out.events(ev.SessionStarted))
-            await s.start(ev.SessionStart(type="session.start", sample_rate=a.sample_rate, vad=a.vad,
-                                          system_prompt=a.system_prompt))
+            await s.start(ev.SessionStart.model_validate(
+                {"type": "session.start", "sample_rate": a.sample_rate, "vad": a.vad,
+                 "system_prompt": a.system_prompt, "end_of_turn": a.end_of_turn, "eagerness": a.eagerness}))
             await self.out.wait(lambda: len(self.out.events(ev.SessionStarted)) > n, "session.started")
         elif isinstance(a, Audio):
             step = int(a.frame_ms * RATE / 1000)

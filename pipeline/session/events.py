@@ -42,6 +42,11 @@ class SessionStart(_ClientEvent):
     system_prompt: str | None = Field(None, max_length=MAX_TEXT_CHARS, description="replaces the system prompt")
     language: str | None = Field(None, min_length=2, max_length=8, description="ISO code; null: detect")
     vad: bool = Field(True, description="server VAD finds turns; false: a turn ends at input.end")
+    end_of_turn: Literal["silence", "smart-turn"] | None = Field(
+        None, description="how VAD turns end: after a silence, or when the end-of-turn model says the turn is "
+                          "complete (needs a server started with --end-of-turn smart-turn); null: the server's")
+    eagerness: Literal["auto", "low", "medium", "high"] | None = Field(
+        None, description="smart-turn: how soon a turn ends (low waits longest); null: the server's")
 
 
 class InputEnd(_ClientEvent):
@@ -132,7 +137,7 @@ class SpeechStopped(_ServerEvent):
     type: Literal["speech.stopped"] = "speech.stopped"
     turn_id: TurnId
     audio_ms: int
-    reason: Literal["silence", "max_length", "input_end", "restart"]
+    reason: Literal["silence", "max_length", "input_end", "restart", "end_of_turn"]
 
 
 class TranscriptPartial(_ServerEvent):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Coroutine
 from typing import Any
 
@@ -29,6 +30,7 @@ from pipeline.engines import Engines
 from pipeline.serving.admission import Admission
 from pipeline.serving.governor import Governor
 from pipeline.session import events as ev
+from pipeline.session.end_of_turn import EndOfTurnPolicy, eagerness
 from pipeline.session.endpointing import AllSpeech
 from pipeline.session.gate import TurnGate
 from pipeline.session.history import ChatHistory
@@ -39,7 +41,7 @@ from pipeline.session.turn_ids import TurnIds
 from pipeline.session.turn_runner import TurnRunner
 from pipeline.session.turn_state import TurnState
 from pipeline.session.turn_tracker import INLINE_VAD_SAMPLES, TurnTracker
-from pipeline.session.types import Outbox, SpeechEnd, SpeechPause, SpeechResume, SpeechStart
+from pipeline.session.types import Outbox, SpeechCheck, SpeechEnd, SpeechPause, SpeechResume, SpeechStart, TurnEvent
 
 logger = logging.getLogger(__name__)
 
@@ -100,7 +102,8 @@ class Session:
         self._decoder = PcmDecoder(self.fmt)
         self._quiet = QuietBatcher(max(1, self.fmt.frame_bytes * sample_rate * QUIET_BATCH_MS // 1000))
         old_pos = self._tracker.pos
-        self._tracker = TurnTracker(self.cfg.turn, self.engines.vad.stream() if vad else AllSpeech())
+        self._tracker = TurnTracker(self.cfg.turn, self.engines.vad.stream() if vad else AllSpeech(),
+                                    self._eot_policy(req) if vad else None)
         await self.runner.restart(audio_ms=int(old_pos * 1000 / RATE))  # speech in progress ends unanswered
         self.output_rate = self.replies.output_rate = output_sample_rate
         self.language = await self._asr_language(language)
@@ -112,6 +115,15 @@ class Session:
             input=ev.AudioFormat(sample_rate=sample_rate, format=req.format, channels=channels),
             output=ev.AudioFormat(sample_rate=output_sample_rate, format="pcm16", channels=1)))
         await self.status.started()
+
+    def _eot_policy(self, req: ev.SessionStart) -> EndOfTurnPolicy | None:
+        """The session's semantic end of turn: the server's ``end_of_turn`` and
+        ``eagerness`` unless ``session.start`` chose; None (silence alone) without the model."""
+        turn = self.cfg.turn
+        rule = req.end_of_turn or turn.end_of_turn
+        if rule != "smart-turn" or self.engines.eot is None:
+            return None
+        return EndOfTurnPolicy(eagerness(req.eagerness or turn.eagerness), fallback_ms=turn.end_silence_ms)
 
     def audio_bytes_per_s(self) -> int | None:
         """Bytes per second of audio in the declared wire format; None before
@@ -227,18 +239,41 @@ class Session:
             probs = tracker.detect(samples)
         else:
             probs = await asyncio.to_thread(tracker.detect, samples)
-        for turn_ev in tracker.endpoint(probs):
+        pending: deque[TurnEvent] = deque(tracker.endpoint(probs))
+        while pending:
+            turn_ev = pending.popleft()
             if isinstance(turn_ev, SpeechStart):
                 self._speech_start = turn_ev.sample
                 await self.runner.speech_started(turn_ev.sample, tracker.since(turn_ev.sample))
             elif isinstance(turn_ev, SpeechPause):
                 self.runner.paused(drop_tail=tracker.tail_after(turn_ev.end),
                                    t_end=time.perf_counter() - (tracker.pos - turn_ev.end) / RATE)
+            elif isinstance(turn_ev, SpeechCheck):  # the endpointer waits for the answer
+                pending.extend(tracker.endpointer.verdict(await self._judge(turn_ev)))
             elif isinstance(turn_ev, SpeechResume):
                 self.runner.drop_speculation()
             elif isinstance(turn_ev, SpeechEnd):
-                silence_s = (tracker.pos - turn_ev.end) / RATE if turn_ev.reason == "silence" else 0.0
+                metrics.END_OF_TURN.labels(turn_ev.cause).inc()
+                silence_s = (tracker.pos - turn_ev.end) / RATE if turn_ev.reason in ("silence", "end_of_turn") else 0.0
                 await self._end_of_speech(turn_ev, t_end=time.perf_counter() - silence_s)
+
+    async def _judge(self, check: SpeechCheck) -> float | None:
+        """Ask the end-of-turn model whether the speech in progress is a complete turn: the
+        probability, or None when it gives no answer (busy, failed: the policy falls back
+        to the silence rule)."""
+        eot = self.engines.eot
+        if eot is None:
+            return None
+        try:
+            prob = await eot.run(self._tracker.eot_audio(check.start, check.at))
+        except Exception as exc:  # noqa: BLE001 - Busy or a model failure: the silence decides
+            logger.debug("session %s: end-of-turn model gave no answer: %s", self.id, exc)
+            metrics.EOT_CHECKS.labels("none").inc()
+            return None
+        policy = self._tracker.endpointer.policy
+        complete = policy is not None and prob >= policy.setting.complete
+        metrics.EOT_CHECKS.labels("complete" if complete else "wait").inc()
+        return prob
 
     async def _end_of_speech(self, end: SpeechEnd, *, t_end: float) -> None:
         await self.runner.speech_ended(end, t_end=t_end, drop_tail=self._tracker.tail_after(end.end))

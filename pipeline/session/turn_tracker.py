@@ -18,6 +18,7 @@ import numpy as np
 
 from audio.pcm import RATE
 from pipeline.config import TurnConfig
+from pipeline.session.end_of_turn import EOT_PRE_MS, EOT_WINDOW_S, EndOfTurnPolicy
 from pipeline.session.endpointing import Endpointer
 from pipeline.session.types import SpeechEnd, TurnEvent
 from pipeline.stages import VadStream
@@ -44,15 +45,20 @@ class TurnTracker:
         vad: this session's VAD stream (``audio.vad.VadStream``, or
             :class:`~pipeline.session.endpointing.AllSpeech` when VAD is off).
 
+        policy: the semantic end of turn (None: turns end on silence alone).
+
     Audio from ``pad_ms`` before speech that has not been confirmed yet stays available
     to :meth:`audio` (as does the last second) until the next :meth:`append`, so the
     session can take a new turn's pre-roll after the :class:`SpeechStart` that confirmed it.
+    With a ``policy``, the speech in progress stays too (its last :data:`EOT_WINDOW_S`,
+    from :data:`EOT_PRE_MS` before it): the end-of-turn model's input (:meth:`eot_audio`).
     """
 
-    def __init__(self, cfg: TurnConfig, vad: VadStream) -> None:
+    def __init__(self, cfg: TurnConfig, vad: VadStream, policy: EndOfTurnPolicy | None = None) -> None:
         self.vad = vad
-        self.endpointer = Endpointer(cfg)
+        self.endpointer = Endpointer(cfg, policy)
         self.pad = int(cfg.pad_ms * RATE / 1000)
+        self._eot_pre = int(EOT_PRE_MS * RATE / 1000) if policy is not None else None
         self._chunks: list[np.ndarray] = []
         self._buf_start = 0  # stream position of the first buffered sample
         self._pos = 0  # samples received
@@ -122,6 +128,13 @@ class TurnTracker:
         """The audio of speech starting at ``start``: from ``pad_ms`` before it to now."""
         return self.audio(start - self.pad, self._pos)
 
+    def eot_audio(self, start: int, at: int) -> np.ndarray:
+        """The end-of-turn model's input for speech that started at ``start``, read up to
+        ``at``: from :data:`EOT_PRE_MS` before the speech, at most the last
+        :data:`EOT_WINDOW_S` (float32, shape (n,), 16 kHz)."""
+        pre = self._eot_pre or 0
+        return self.audio(max(start - pre, at - int(EOT_WINDOW_S * RATE)), at)
+
     def tail_after(self, end: int) -> int:
         """Samples received after speech that ended at ``end``, beyond ``pad_ms`` (the
         silence a turn's transcript leaves out)."""
@@ -134,6 +147,8 @@ class TurnTracker:
         start = self.endpointer.pending_start
         if start is not None and not self.endpointer.in_speech:
             keep_from = min(keep_from, start - self.pad)
+        elif start is not None and self._eot_pre is not None:  # the end-of-turn model's input
+            keep_from = min(keep_from, max(start - self._eot_pre, self._pos - int(EOT_WINDOW_S * RATE)))
         if keep_from - self._buf_start <= self._pos - keep_from:
             return
         buf = np.concatenate(self._chunks)[max(0, keep_from - self._buf_start) :]

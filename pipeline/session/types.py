@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from pipeline.session.events import ServerEvent
@@ -70,22 +70,48 @@ class SpeechResume:
     sample: int
 
 
-EndReason = Literal["silence", "max_length", "input_end"]
+@dataclass(slots=True, frozen=True)
+class SpeechCheck:
+    """Confirmed speech has been silent for ``silence_ms`` since sample ``end``: with the
+    semantic end of turn (``--end-of-turn smart-turn``) the endpointer asks whether the
+    turn is complete and waits for the answer (:meth:`Endpointer.verdict
+    <pipeline.session.endpointing.Endpointer.verdict>`) before it reads more audio.
+
+    Attributes:
+        start: the speech's first sample (16 kHz index in the session's stream).
+        end: where the speech stopped (sample index).
+        at: the sample up to which the endpointer has read (the turn's audio to judge ends
+            here).
+        silence_ms: silence so far (ms).
+    """
+
+    start: int
+    end: int
+    at: int
+    silence_ms: float
+
+
+EndReason = Literal["silence", "max_length", "input_end", "end_of_turn"]
+"""Why speech ended, as ``speech.stopped`` says it: ``end_of_turn`` when the end-of-turn
+model said the turn is complete."""
 
 
 @dataclass(slots=True, frozen=True)
 class SpeechEnd:
     """The turn ended: speech ran from ``start`` to ``end`` (16 kHz sample indices).
 
-    ``reason`` is ``silence`` (end-of-speech silence), ``max_length`` or ``input_end``.
+    ``reason`` is ``silence`` (end-of-speech silence), ``end_of_turn`` (the end-of-turn
+    model said complete), ``max_length`` or ``input_end``; ``cause`` is the metric's finer
+    label (:data:`~pipeline.session.end_of_turn.EotCause`: ``model``, ``cap``, ``fallback``, or the reason itself).
     """
 
     start: int
     end: int
     reason: EndReason
+    cause: str = field(default="", compare=False)
 
 
-TurnEvent = SpeechStart | SpeechPause | SpeechResume | SpeechEnd
+TurnEvent = SpeechStart | SpeechPause | SpeechResume | SpeechCheck | SpeechEnd
 """What the endpointer (and the turn tracker) reports."""
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from pipeline.config import VoxpipeConfig
+from pipeline.config import EAGERNESS, VoxpipeConfig
 from pipeline.session.events import MAX_TEXT_CHARS
 
 from .types import BETA_SESSION_KEYS, REALTIME_RATE, Dialect, RealtimeError, Settings
@@ -33,7 +33,8 @@ def read_update(session: dict[str, Any], current: Settings) -> Settings:
 
     Raises:
         RealtimeError: ``invalid_value`` for a format other than PCM16 24 kHz, a turn
-            detection other than ``server_vad`` / ``semantic_vad`` / null, a transcription
+            detection other than ``server_vad`` / ``semantic_vad`` / null (or an
+            ``eagerness`` other than auto/low/medium/high), a transcription
             session (``type: "transcription"``), or instructions that are not a string or
             longer than :data:`~pipeline.session.events.MAX_TEXT_CHARS`.
     """
@@ -59,7 +60,7 @@ def read_update(session: dict[str, Any], current: Settings) -> Settings:
         _check_format(where, fmt)
     for where, holder in (("session.turn_detection", session), ("session.audio.input.turn_detection", inp)):
         if isinstance(holder, dict) and "turn_detection" in holder:
-            new.server_vad = _vad(where, holder["turn_detection"])
+            new.server_vad, new.end_of_turn, new.eagerness = _vad(where, holder["turn_detection"])
     return new
 
 
@@ -73,21 +74,35 @@ def _check_format(where: str, fmt: Any) -> None:
                         "('pcm16', or {'type': 'audio/pcm', 'rate': 24000})", param=where)
 
 
-def _vad(where: str, td: Any) -> bool:
+def _vad(where: str, td: Any) -> tuple[bool, Any, Any]:
+    """``turn_detection`` → (VAD on, end of turn rule, eagerness): ``server_vad`` ends turns
+    on silence, ``semantic_vad`` with the end-of-turn model and its ``eagerness``."""
     if td is None:
-        return False
-    if isinstance(td, dict) and td.get("type") in ("server_vad", "semantic_vad"):
-        return True
+        return False, None, None
+    if isinstance(td, dict) and td.get("type") == "server_vad":
+        return True, "silence", None
+    if isinstance(td, dict) and td.get("type") == "semantic_vad":
+        eager = td.get("eagerness", "auto")
+        if eager not in EAGERNESS:
+            raise RealtimeError("invalid_value", f"eagerness {eager!r} is not supported: {', '.join(EAGERNESS)}",
+                                param=f"{where}.eagerness")
+        return True, "smart-turn", eager
     raise RealtimeError("invalid_value", f"turn_detection {td!r} is not supported: server_vad, semantic_vad "
-                        "(as server_vad) or null", param=where)
+                        "or null", param=where)
 
 
 def session_object(settings: Settings, cfg: VoxpipeConfig, session_id: str, prompt: str) -> dict[str, Any]:
     """The session as ``session.created`` / ``session.updated`` report it, in the
     connection's dialect. ``prompt``: the system prompt in force."""
     turn = cfg.turn
-    td = ({"type": "server_vad", "silence_duration_ms": turn.end_silence_ms, "prefix_padding_ms": turn.pad_ms,
-           "create_response": True, "interrupt_response": True} if settings.server_vad else None)
+    semantic = (settings.end_of_turn or turn.end_of_turn) == "smart-turn"
+    td: dict[str, Any] | None = (
+        {"type": "semantic_vad", "eagerness": settings.eagerness or turn.eagerness, "create_response": True,
+         "interrupt_response": True} if semantic else
+        {"type": "server_vad", "silence_duration_ms": turn.end_silence_ms, "prefix_padding_ms": turn.pad_ms,
+         "create_response": True, "interrupt_response": True})
+    if not settings.server_vad:
+        td = None
     common = {"id": f"sess_{session_id}", "object": "realtime.session", "model": MODEL, "instructions": prompt}
     if settings.dialect == "beta":
         return {**common, "modalities": ["audio", "text"], "input_audio_format": "pcm16",

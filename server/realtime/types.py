@@ -121,11 +121,16 @@ class Settings:
         instructions: the system prompt (None: the server's default).
         server_vad: turns end at silence (True) or at ``input_audio_buffer.commit`` +
             ``response.create`` (False: ``turn_detection: null``).
+        end_of_turn: how VAD turns end: ``smart-turn`` (``semantic_vad``), ``silence``
+            (``server_vad``), or None (the server's ``--end-of-turn``).
+        eagerness: ``semantic_vad``'s ``eagerness`` (None: the server's).
         dialect: the event names this connection gets.
     """
 
     instructions: str | None = None
     server_vad: bool = True
+    end_of_turn: Literal["silence", "smart-turn"] | None = None
+    eagerness: Literal["auto", "low", "medium", "high"] | None = None
     dialect: Dialect = "ga"
 
 

@@ -166,11 +166,13 @@ class RealtimeWire:
         if not self._dialect_fixed:
             new.dialect = dialect_of(e.session) or self.settings.dialect
             self._dialect_fixed = dialect_of(e.session) is not None
-        restart = new.server_vad != self.settings.server_vad
+        turns = (new.server_vad, new.end_of_turn, new.eagerness)
+        restart = turns != (self.settings.server_vad, self.settings.end_of_turn, self.settings.eagerness)
         self.settings.instructions, self.settings.server_vad = new.instructions, new.server_vad
+        self.settings.end_of_turn, self.settings.eagerness = new.end_of_turn, new.eagerness
         self.settings.dialect = new.dialect
         self._refresh()
-        if restart:  # VAD on/off: a new turn tracker; the session.started it sends is session.updated
+        if restart:  # VAD on/off, its end of turn: a new turn tracker; the session.started it sends is session.updated
             self._pending_commit, self._held = False, []
             await self.session.start(self._start_event())
         else:
@@ -236,4 +238,5 @@ class RealtimeWire:
     def _start_event(self) -> SessionStart:
         return SessionStart(type="session.start", sample_rate=REALTIME_RATE, format="pcm16", channels=1,
                             output_sample_rate=REALTIME_RATE, system_prompt=None, language=None,
-                            vad=self.settings.server_vad)
+                            vad=self.settings.server_vad, end_of_turn=self.settings.end_of_turn,
+                            eagerness=self.settings.eagerness)

@@ -1,0 +1,93 @@
+"""The semantic end of turn in a real Session over fakes: a scripted end-of-turn model
+decides where turns end (pipeline/session/end_of_turn.py, the endpointer's checks)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from audio.pcm import RATE
+from pipeline.config import VoxpipeConfig
+from pipeline.errors import Busy
+from pipeline.session import events as ev
+from pipeline.session.end_of_turn import EAGERNESS, EOT_WINDOW_S, FIRST_CHECK_MS
+from tests.fakes import FakeEot, fake_engines, silence, tone
+from tests.session_harness import Audio, Harness, InputEnd, Start, WaitFor
+
+SMART = VoxpipeConfig()
+SMART = replace(SMART, turn=replace(SMART.turn, end_of_turn="smart-turn"))
+
+
+async def play(script, eot: FakeEot, cfg: VoxpipeConfig = SMART):
+    h = Harness(engines=fake_engines(eot=eot), cfg=cfg)
+    try:
+        return await h.play(script)
+    finally:
+        await h.close()
+
+
+def stops(seen) -> list[ev.SpeechStopped]:
+    return [e for e in seen if isinstance(e, ev.SpeechStopped)]
+
+
+async def test_complete_ends_the_turn_and_the_reply_follows():
+    eot = FakeEot([0.95])
+    seen = await play([Start(), Audio(np.concatenate([tone(1200), silence(1500)])),
+                       WaitFor(ev.ResponseDone)], eot)
+    (stop,) = stops(seen)
+    assert stop.reason == "end_of_turn"
+    assert len(eot.calls) == 1
+    audio = eot.calls[0]
+    assert audio.dtype == np.float32 and RATE * 1.2 <= len(audio) <= RATE * (1.2 + 0.5 + 0.5)
+
+
+async def test_incomplete_keeps_a_thinking_pause_inside_one_turn():
+    """1.2 s of silence mid-turn: the model says "not yet" at every check; the speech goes on
+    and the client sees one turn, one transcript and one reply."""
+    recheck = EAGERNESS["medium"].recheck_ms
+    asks_in_pause = len(range(FIRST_CHECK_MS, 1200 - 64, recheck))  # checks before the speech resumes
+    eot = FakeEot([0.05] * asks_in_pause, default=0.95)
+    x = np.concatenate([tone(1000), silence(1200), tone(800, hz=330), silence(1500)])
+    seen = await play([Start(), Audio(x), WaitFor(ev.ResponseDone)], eot)
+    assert len(stops(seen)) == 1 and stops(seen)[0].reason == "end_of_turn"
+    assert len([e for e in seen if isinstance(e, ev.TranscriptFinal)]) == 1
+    assert len([e for e in seen if isinstance(e, ev.ResponseStarted)]) == 1
+    assert len(eot.calls) == asks_in_pause + 1 >= 3  # asked at the pause, again as it grew, and at the end
+
+
+async def test_never_complete_ends_at_the_eagerness_cap():
+    eot = FakeEot(default=0.0)
+    cap = EAGERNESS["high"].cap_ms
+    seen = await play([Start(eagerness="high"), Audio(np.concatenate([tone(1000), silence(cap + 600)])),
+                       WaitFor(ev.SpeechStopped)], eot)
+    (stop,) = stops(seen)
+    assert stop.reason == "silence"
+    assert 2 <= len(eot.calls) <= cap // EAGERNESS["high"].recheck_ms + 2
+
+
+async def test_a_busy_model_falls_back_to_the_silence_rule():
+    eot = FakeEot(default=0.0, script=[Busy("end-of-turn queue full")] * 10)
+    seen = await play([Start(), Audio(np.concatenate([tone(1000), silence(900)])), WaitFor(ev.SpeechStopped)], eot)
+    assert stops(seen)[0].reason == "silence"
+    assert stops(seen)[0].audio_ms <= 1100
+
+
+async def test_session_start_may_choose_the_silence_rule():
+    eot = FakeEot(default=0.95)
+    seen = await play([Start(end_of_turn="silence"), Audio(np.concatenate([tone(1000), silence(900)])),
+                       WaitFor(ev.SpeechStopped)], eot)
+    assert stops(seen)[0].reason == "silence" and eot.calls == []
+
+
+async def test_the_model_reads_at_most_the_last_8_seconds():
+    eot = FakeEot(default=0.95)
+    await play([Start(), Audio(np.concatenate([tone(10_000), silence(600)])), WaitFor(ev.SpeechStopped)], eot)
+    assert len(eot.calls[0]) == int(EOT_WINDOW_S * RATE)
+
+
+async def test_input_end_still_ends_the_turn_at_once():
+    eot = FakeEot(default=0.0)
+    seen = await play([Start(), Audio(np.concatenate([tone(1000), silence(100)])), InputEnd(),
+                       WaitFor(ev.SpeechStopped)], eot)
+    assert stops(seen)[0].reason == "input_end"
