@@ -31,7 +31,7 @@ import numpy as np
 
 from bench.common import jsonable
 from bench.server import free_port, start_server, stop_server
-from bench.turn_metrics import CaseLog, CaseResult, case_result, summarize, the_reply
+from bench.turn_metrics import CaseLog, case_result, summarize, the_reply
 from bench.turn_set import CLASSES, RATE, Case, build_set
 
 ROWS = {"today": "--end-of-turn silence --no-backchannels --resume-after-ms 0",
@@ -53,9 +53,10 @@ LONG_REPLY_PROMPT = ("You are a storyteller. Whatever the person says, tell a st
 the burst comes: the server's default asks for one or two short sentences, often sent in full
 before a burst 0.5–1.5 s into the reply (a reply is sent up to 1 s ahead of playback, and one
 fully sent can no longer be stopped)."""
-BASE_FLAGS = ["--llm-examples", "[]"]
-"""Every row's server runs without the few-shot examples: with them the small model answers
-in one short sentence whatever the system prompt asks."""
+BASE_FLAGS = ["--llm-examples", "[]", "--no-admission"]
+"""Every row's server runs without the few-shot examples (with them the small model answers in
+one short sentence whatever the system prompt asks) and without admission control (a turn
+refused with ``busy`` says nothing about turn-taking)."""
 
 
 class _Stream:
@@ -142,8 +143,9 @@ class _Stream:
             self.finished.set()
 
 
-async def run_case(url: str, case: Case) -> CaseResult:
-    """Play one case on a new connection and measure it; an exception ends it as an error."""
+async def run_case(url: str, case: Case) -> CaseLog:
+    """Play one case on a new connection; what the client saw. An exception ends the case
+    (its ``error`` says which)."""
     from websockets.asyncio.client import connect
     from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
@@ -168,21 +170,35 @@ async def run_case(url: str, case: Case) -> CaseResult:
     except (TimeoutError, OSError, ConnectionClosed, InvalidHandshake) as exc:  # this case only
         log = stream.log if stream else CaseLog(case.cls, case.name)
         log.error = type(exc).__name__
-        return case_result(log)
-    return case_result(stream.log)
+        return log
+    return stream.log
 
 
-async def run_cases(url: str, cases: list[Case], concurrency: int) -> list[CaseResult]:
+async def run_cases(url: str, cases: list[Case], concurrency: int) -> list[CaseLog]:
     """Every case, ``concurrency`` at a time (the first ones :data:`STAGGER_S` apart), in order."""
     sem = asyncio.Semaphore(concurrency)
 
-    async def one(k: int, case: Case) -> CaseResult:
+    async def one(k: int, case: Case) -> CaseLog:
         if k < concurrency:
             await asyncio.sleep(k * STAGGER_S)
         async with sem:
             return await run_case(url, case)
 
     return list(await asyncio.gather(*(one(k, c) for k, c in enumerate(cases))))
+
+
+def write_trace(path: str, row: str, logs: list[CaseLog]) -> None:
+    """Append a JSON line per case to ``path``: the row, class, name, and every event and each
+    reply's first and latest audio arrival, in s from the true end of speech."""
+    with open(path, "a", encoding="utf-8") as fh:
+        for log in logs:
+            t0 = log.true_end or 0.0
+            fh.write(json.dumps({"row": row, "cls": log.cls, "name": log.name, "error": log.error,
+                                 "burst_start": None if log.burst_start is None else round(log.burst_start - t0, 3),
+                                 "events": [[round(t - t0, 3), e] for t, e in log.events
+                                            if e.get("type") != "response.text.delta"],
+                                 "audio": {rid: [round(t - t0, 3) for t in ts] for rid, ts in log.audio.items()}})
+                     + "\n")
 
 
 def _failure(log: Path) -> str:
@@ -207,9 +223,12 @@ def run_row(args: argparse.Namespace, name: str, cases: list[Case]) -> dict[str,
     try:
         asyncio.run(run_case(url, next(c for c in cases if c.burst is None) if any(c.burst is None for c in cases)
                              else cases[0]))  # warm-up, not counted: the first turn after a start is slow
-        results = asyncio.run(run_cases(url, cases, args.concurrency))
+        logs = asyncio.run(run_cases(url, cases, args.concurrency))
     finally:
         stop_server(proc)
+    if args.trace:
+        write_trace(args.trace, name, logs)
+    results = [case_result(log) for log in logs]
     classes = [c for c in CLASSES if any(r.cls == c for r in results)]
     return {"row": name, "flags": " ".join(flags), "cases": results,
             "classes": {c: summarize([r for r in results if r.cls == c]) for c in classes}}
@@ -286,4 +305,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--server-log-dir", default=None, metavar="DIR",
                    help="write each row's server log to DIR/ROW.log (default: a temporary folder)")
     p.add_argument("--audio-dir", default=str(Path(__file__).resolve().parent.parent / "tests" / "data" / "audio"))
+    p.add_argument("--trace", default=None, metavar="FILE",
+                   help="append every case's wire events to FILE (JSON lines; times in s from the true end of speech)")
     p.add_argument("--json", action="store_true")
