@@ -10,10 +10,13 @@ wire events (:mod:`bench.turn_metrics` defines each measure) and prints one tabl
 row and class. A row whose server does not start is reported as failed with the server's last
 log line; the other rows still run.
 
-Cases run ``--concurrency`` at a time (default 3, started 1 s apart); ``bench voice`` shows
-the voice-to-voice latency of 2 and 4 concurrent sessions within noise of 1 on this
-server, and a turn's own costly moments (its end of turn, its reply's first phrase) rarely
-coincide with another's. ``--concurrency 1`` measures one case at a time.
+Cases run ``--concurrency`` at a time (default 3, the first ones 2.5 s apart, each on its own
+session), to keep a full run short. A case's costly moments (its end of turn, its reply's
+first phrase) are short and rarely meet another's; ``--concurrency 1`` plays one case at a
+time, to check that the latencies agree (docs/BENCHMARKS.md has the comparison).
+
+Every row's server runs with :data:`BASE_FLAGS`; the cases with a burst ask for a storyteller's
+reply (:data:`LONG_REPLY_PROMPT`) so that it is still playing when the burst comes.
 """
 
 from __future__ import annotations
@@ -27,8 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from audio.pcm import float_to_pcm16
 from bench.common import jsonable
 from bench.server import free_port, start_server, stop_server
 from bench.turn_metrics import CaseLog, case_result, summarize, the_reply
@@ -61,15 +63,14 @@ refused with ``busy`` says nothing about turn-taking)."""
 
 class _Stream:
     """The client side of one case: paced frames out (speech, then silence or the burst),
-    events in, until :meth:`done` says the case is decided."""
+    events in, until :attr:`finished` says the case is decided."""
 
     def __init__(self, case: Case, ws: Any) -> None:
         self.case, self.ws = case, ws
         self.log = CaseLog(case.cls, case.name, last_start_ms=case.last_start_s * 1000,
                            pause_end_ms=case.pause[1] * 1000 if case.pause else None)
-        self.pcm = np.clip(np.round(case.speech * 32767), -32768, 32767).astype("<i2").tobytes()
-        burst = case.burst if case.burst is not None else np.zeros(0, np.float32)
-        self.burst = np.clip(np.round(burst * 32767), -32768, 32767).astype("<i2").tobytes()
+        self.pcm = float_to_pcm16(case.speech)
+        self.burst = float_to_pcm16(case.burst) if case.burst is not None else b""
         self.burst_due: float | None = None
         self.burst_end: float | None = None
         self.finished = asyncio.Event()
@@ -253,7 +254,8 @@ def format_table(table: list[dict[str, Any]]) -> str:
             continue
         for cls, s in row["classes"].items():
             burst = cls in ("backchannel", "interruption", "noise")
-            cells = [row["row"], cls, str(s["cases"]), str(s["answered"]), _rate(s["premature"]),
+            answered = str(s["answered"]) + "".join(f" ({s[k]} {k})" for k in ("busy", "errors") if s[k])
+            cells = [row["row"], cls, str(s["cases"]), answered, _rate(s["premature"]),
                      _rate(s["ended_in_pause"]) if cls == "pause" else "–", _pair(s["eot_delay"]),
                      _pair(s["voice_to_voice"]), str(s["eligible"]) if burst else "–",
                      _rate(s["lost"]) if burst else "–",
