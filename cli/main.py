@@ -96,6 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     roof_bench_arguments(bsub.add_parser("roof", help="int4 decode against the CPU's vpdpbusd peak: what batching "
                                                       "can gain at most"))
+    from bench.eot import add_arguments as eot_bench_arguments
+
+    eot_bench_arguments(bsub.add_parser("eot", help="the end-of-turn model (Smart Turn v3.2): ms per call at "
+                                                    "batch 1, 4, 8 and per turn's features"))
     from bench.replies import add_arguments as replies_bench_arguments
 
     replies_bench_arguments(bsub.add_parser("replies", help="do replies answer or parrot? parrot rate per model "
@@ -152,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 BENCHES = {"asr": "bench.asr", "load": "bench.load", "quant": "bench.llm_quant", "silent": "bench.silent",
            "edge": "bench.edge", "ray": "bench.ray_overhead", "voice": "bench.voice", "replies": "bench.replies",
-           "llm": "bench.llm", "roof": "bench.roof", "turns": "bench.turns"}
+           "llm": "bench.llm", "roof": "bench.roof", "eot": "bench.eot", "turns": "bench.turns"}
 """``voxpipe bench NAME`` → the module whose ``main(args)`` runs it."""
 
 

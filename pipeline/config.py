@@ -72,8 +72,12 @@ class TurnConfig:
     eot_model: str = flag("auto", metavar="PATH")
     """The end-of-turn ONNX model: ``auto`` (Smart Turn v3.2, from the ``pipecat-ai`` wheel)
     or a local ``.onnx`` file with the same input and output."""
-    eot_batch_size: int = 8
-    """Most end-of-turn requests (from any sessions) the model runs together."""
+    eot_batch_size: int = 1
+    """Most end-of-turn requests (from any sessions) the model runs together.
+
+    1 by default: on a few CPU cores a batch costs as much per request as calls one by one,
+    and every request in it waits for the whole batch (``voxpipe bench eot``,
+    docs/BENCHMARKS.md); raise it with ``eot_threads`` on a machine with cores to spare."""
     eot_threads: int = 1
     """CPU threads for the end-of-turn model (onnxruntime intra-op threads)."""
     backchannels: bool = True

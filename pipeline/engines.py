@@ -18,6 +18,7 @@ from pipeline.asr.loader import load_whisper
 from pipeline.asr.types import AsrRequest
 from pipeline.config import VoxpipeConfig
 from pipeline.cpu_share import auto_burst_threads
+from pipeline.eot.stage import EotEngine
 from pipeline.llm.engine import LlmEngine
 from pipeline.llm.loader import load_llm
 from pipeline.llm.types import GenRequest, RemoteLlmSpec
@@ -116,8 +117,12 @@ class Engines:
     """The end-of-turn model (None: turns end on silence alone)."""
 
     def loads(self) -> dict[str, StageLoad]:
-        """Each stage's load snapshot, by stage name (``asr``, ``llm``, ``tts``)."""
-        return {"asr": self.asr.load(), "llm": self.llm.load(), "tts": self.tts.load()}
+        """Each stage's load snapshot, by stage name (``asr``, ``llm``, ``tts``, and ``eot``
+        when the end-of-turn model is loaded)."""
+        out = {"asr": self.asr.load(), "llm": self.llm.load(), "tts": self.tts.load()}
+        if self.eot is not None:
+            out["eot"] = self.eot.load()
+        return out
 
     def end_session(self, session: str) -> None:
         """``session`` ended: the LLMs may release its cached KV."""
@@ -130,16 +135,22 @@ class Engines:
         return Load.of(self.asr.load(), self.llm.load(), self.tts.load(), asr_batch=cfg.asr.max_batch_size,
                        tts_workers=cfg.tts.workers)
 
+    def stages(self) -> list[Stage]:
+        """The model stages this process starts and stops: ASR, LLM, TTS and the end-of-turn
+        model when loaded (not the fallback LLM: it starts when it loads)."""
+        out: list[Stage] = [self.asr, self.llm, self.tts]
+        if self.eot is not None:
+            out.append(self.eot)
+        return out
+
     def start(self) -> None:
         """Start every stage's workers."""
-        stages: tuple[Stage, ...] = (self.asr, self.llm, self.tts)
-        for stage in stages:
+        for stage in self.stages():
             stage.start()
 
     def stop(self) -> None:
         """Stop every stage's workers."""
-        stages: tuple[Stage, ...] = (self.asr, self.llm, self.tts)
-        for stage in stages:
+        for stage in self.stages():
             stage.stop()
         if self.fallback_llm is not None:
             self.fallback_llm.stop()
@@ -173,8 +184,24 @@ def load_stage(cfg: VoxpipeConfig, stage: Literal["asr", "llm", "tts"]) -> AsrEn
     raise ValueError(f"unknown stage {stage!r}: asr, llm or tts")
 
 
+def load_eot(cfg: VoxpipeConfig) -> EotEngine | None:
+    """The end-of-turn stage (not started) when ``cfg.turn.end_of_turn`` is ``smart-turn``;
+    else None. Slow-ish: call off the event loop.
+
+    Raises:
+        ModelNotInstalled, FileNotFoundError, ValueError: see :func:`~pipeline.eot.loader.load_eot_model`.
+    """
+    if cfg.turn.end_of_turn != "smart-turn":
+        return None
+    eot = EotEngine.from_config(cfg.turn)
+    logger.info("end-of-turn model loaded (%s, %d thread(s), batches of %d)", eot.model.info.path.name,
+                cfg.turn.eot_threads, cfg.turn.eot_batch_size)
+    return eot
+
+
 def load_engines(cfg: VoxpipeConfig) -> Engines:
-    """Load VAD, Whisper, the LLM and the Piper voice (slow: call once at startup).
+    """Load VAD, Whisper, the LLM, the Piper voice and, with ``--end-of-turn smart-turn``,
+    the end-of-turn model (slow: call once at startup).
 
     Raises:
         ModelNotInstalled, ValueError, FileNotFoundError: see the loaders.
@@ -197,6 +224,7 @@ def load_engines(cfg: VoxpipeConfig) -> Engines:
     llm = remote_llm if remote_llm is not None else load_stage(cfg, "llm")
     logger.info("LLM loaded (%s)", cfg.llm.model)
     tts = load_stage(cfg, "tts")
+    eot = load_eot(cfg)
     fallback = None
     name = fallback_model(cfg)
     if name is not None:
@@ -206,13 +234,13 @@ def load_engines(cfg: VoxpipeConfig) -> Engines:
             fallback.load_now()
             logger.info("fallback LLM loaded (%s)", name)
     logger.info("models loaded in %.1f s", time.perf_counter() - t0)
-    engines = Engines(vad=vad, asr=asr, llm=llm, tts=tts, fallback_llm=fallback)
+    engines = Engines(vad=vad, asr=asr, llm=llm, tts=tts, fallback_llm=fallback, eot=eot)
     engines.start()
     return engines
 
 
 async def warm_up(engines: Engines) -> dict[str, float]:
-    """Run one ASR, LLM and TTS call so the first user does not pay for lazy
+    """Run one ASR, LLM, TTS (and end-of-turn) call so the first user does not pay for lazy
     initialisation (the server is ready only after it: tests/test_startup.py). Returns each
     stage's warm-up time (ms)."""
     out: dict[str, float] = {}
@@ -229,6 +257,10 @@ async def warm_up(engines: Engines) -> dict[str, float]:
     t = time.perf_counter()
     await engines.tts.run("Hello.")
     out["tts"] = (time.perf_counter() - t) * 1000
+    if engines.eot is not None:
+        t = time.perf_counter()
+        await engines.eot.run(np.zeros(RATE, dtype=np.float32))
+        out["eot"] = (time.perf_counter() - t) * 1000
     if engines.fallback_llm is not None and engines.fallback_llm.stage is not None:
         t = time.perf_counter()
         stream = engines.fallback_llm.stage.submit(GenRequest(messages=[{"role": "user", "content": "Hi"}],

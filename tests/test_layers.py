@@ -29,8 +29,8 @@ PACKAGES = ("audio", "pipeline", "server", "clients", "cli", "bench")
 INFRA = {"pipeline.config", "pipeline.config_fields", "pipeline.serving_config", "pipeline.worker", "pipeline.errors",
          "pipeline.fault_rules", "pipeline.metrics", "pipeline.model_files", "pipeline.cpu_share", "pipeline"}
 INFRA_ROOMS = ("serving",)  # pure serving policies (admission, ...): beside the infrastructure
-STAGES = ("asr", "llm", "tts")
-RANK = {"audio": 0, "infra": 1, "asr": 2, "llm": 2, "tts": 2, "engines": 3, "session": 4, "server": 5,
+STAGES = ("asr", "llm", "tts", "eot")
+RANK = {"audio": 0, "infra": 1, "asr": 2, "llm": 2, "tts": 2, "eot": 2, "engines": 3, "session": 4, "server": 5,
         "clients": 6, "bench": 7, "cli": 8}
 TREE = Tree(ROOT, PACKAGES)
 TORCH_ALLOWED = ("pipeline/llm/runner/", "pipeline/llm/loader.py", "pipeline/tts/coqui_loader.py",

@@ -55,11 +55,16 @@ class Eagerness:
 
 
 EAGERNESS: dict[str, Eagerness] = {
-    "high": Eagerness(complete=0.3, cap_ms=1200, recheck_ms=300),
-    "medium": Eagerness(complete=0.5, cap_ms=2000, recheck_ms=400),
-    "low": Eagerness(complete=0.7, cap_ms=3000, recheck_ms=500),
+    "high": Eagerness(complete=0.3, cap_ms=1200, recheck_ms=400),
+    "medium": Eagerness(complete=0.5, cap_ms=2000, recheck_ms=600),
+    "low": Eagerness(complete=0.7, cap_ms=3000, recheck_ms=800),
 }
-"""The settings by name; ``auto`` is ``medium`` (:func:`eagerness`)."""
+"""The settings by name; ``auto`` is ``medium`` (:func:`eagerness`).
+
+The re-asks are sparse on purpose: on a sentence cut mid-way, Smart Turn's probability
+stays low at 200 ms of silence but grows noisier as the silence grows (the model was trained
+on the audio up to a 200 ms VAD stop), so each extra ask is mostly an extra chance to end a
+thinking pause; a finished sentence is almost always recognised at the first ask."""
 
 
 def eagerness(name: str) -> Eagerness:
