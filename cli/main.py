@@ -104,6 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     replies_bench_arguments(bsub.add_parser("replies", help="do replies answer or parrot? parrot rate per model "
                                                             "and chat framing on bench/prompts.tsv"))
+    from bench.turns import add_arguments as turns_bench_arguments
+
+    turns_bench_arguments(bsub.add_parser("turns", help="turn-taking: thinking pauses, backchannels, interruptions "
+                                                        "and noise over replies, per end-of-turn configuration"))
     bv = bsub.add_parser("voice", help="per-response voice latencies through a real server")
     bv.add_argument("--llm", default="smollm2")
     bv.add_argument("--sessions", type=int, nargs="+", default=None,
@@ -152,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 BENCHES = {"asr": "bench.asr", "load": "bench.load", "quant": "bench.llm_quant", "silent": "bench.silent",
            "edge": "bench.edge", "ray": "bench.ray_overhead", "voice": "bench.voice", "replies": "bench.replies",
-           "llm": "bench.llm", "roof": "bench.roof", "eot": "bench.eot"}
+           "llm": "bench.llm", "roof": "bench.roof", "eot": "bench.eot", "turns": "bench.turns"}
 """``voxpipe bench NAME`` → the module whose ``main(args)`` runs it."""
 
 
