@@ -41,10 +41,16 @@ TURNS = [("en_librispeech_3752-4944-0000.wav", 0, 8), ("en_librispeech_3752-4944
          ("en_cmu_goforward.wav", 0, 4), ("en_ljspeech_LJ001-0007.wav", 0, 16),
          ("en_librispeech_1995-1837-0001.wav", 0, 9), ("en_librispeech_1995-1837-0001.wav", 9, 30)]
 """Complete sentences: (clip, first word, end word) as indices into whisper's words."""
-PAUSES = [("en_librispeech_3752-4944-0000.wav", 4), ("en_librispeech_3752-4944-0002.wav", 8),
+PAUSES = [("en_librispeech_3752-4944-0000.wav", 4), ("en_librispeech_1988-24833-0003.wav", 3),
+          ("en_librispeech_3752-4944-0002.wav", 8), ("en_librispeech_1988-24833-0003.wav", 6),
           ("en_librispeech_1988-24833-0003.wav", 12), ("en_librivox_sense_and_sensibility_01_0880.wav", 3),
-          ("en_cmu_goforward.wav", 2), ("en_ljspeech_LJ001-0007.wav", 3), ("en_librispeech_1995-1837-0001.wav", 20)]
-"""Phrase boundaries mid-sentence: (clip, words before the boundary)."""
+          ("en_ljspeech_LJ001-0007.wav", 3), ("en_ljspeech_LJ001-0007.wav", 5),
+          ("en_librispeech_1995-1837-0001.wav", 5), ("en_librispeech_1995-1837-0001.wav", 17),
+          ("en_librispeech_1995-1837-0001.wav", 20)]
+"""Phrase boundaries mid-sentence: (clip, words before the boundary). Each is a point where the
+sentence cannot end yet (a verb still without its object, a preposition, an article, a
+subordinate clause before its main one): "Go forward | ten meters" is left out, as "Go
+forward" is a complete command that any listener may answer."""
 INTERRUPTIONS = [("en_cmu_goforward.wav", 0, 4), ("en_librispeech_1988-24833-0003.wav", 0, 8),
                  ("en_librispeech_1995-1837-0001.wav", 0, 9), ("en_jfk_inaugural_1961.wav", 0, 5),
                  ("en_librispeech_3752-4944-0002.wav", 0, 8)]

@@ -184,7 +184,7 @@ def build_set(per_class: int, seed: int = 0, classes: tuple[str, ...] = CLASSES,
     """``per_class`` cases of each of ``classes``, in class order, the same for the same seed.
 
     Case k of a class takes the k-th item of its list, cycling: sentences; (cut, pause) pairs
-    (cut k mod 7, pause k mod 5: 35 distinct pairs); backchannel words × paces; interrupting
+    (cut k mod 11, pause k mod 5: 55 distinct pairs); backchannel words × paces; interrupting
     phrases; noise kinds. Bursts follow the spoken turns in turn, each with a seeded delay.
 
     Raises:

@@ -60,10 +60,10 @@ class TurnConfig:
     vad_gate: bool = True
     """Quiet windows after half a second of non-speech skip Silero, so a silent session costs
     almost nothing (:mod:`audio.vad_gate`)."""
-    end_of_turn: str = "silence"
+    end_of_turn: str = "smart-turn"
     """How a turn's end is decided: ``silence`` (``end_silence_ms`` of silence) or
-    ``smart-turn`` (the Smart Turn v3.2 end-of-turn model on the turn's audio, asked at
-    ``early_end_ms`` and again as the silence grows: a confident "complete" ends the turn at
+    ``smart-turn`` (the Smart Turn v3.2 end-of-turn model on the turn's audio, asked early in
+    each silence: a confident "complete" ends the turn at
     once, "incomplete" waits up to the eagerness's cap; :mod:`pipeline.session.end_of_turn`)."""
     eagerness: str = "auto"
     """How soon ``smart-turn`` ends a turn: ``low`` (waits longest for the user to go on),

@@ -22,6 +22,7 @@ from pipeline.eot.stage import EotEngine
 from pipeline.llm.engine import LlmEngine
 from pipeline.llm.loader import load_llm
 from pipeline.llm.types import GenRequest, RemoteLlmSpec
+from pipeline.model_files import ModelNotInstalled
 from pipeline.serving.admission import Load
 from pipeline.serving.types import StageLoad
 from pipeline.stages import AsrStage, EotStage, LlmStage, Stage, TtsStage, VadModel
@@ -186,14 +187,22 @@ def load_stage(cfg: VoxpipeConfig, stage: Literal["asr", "llm", "tts"]) -> AsrEn
 
 def load_eot(cfg: VoxpipeConfig) -> EotEngine | None:
     """The end-of-turn stage (not started) when ``cfg.turn.end_of_turn`` is ``smart-turn``;
-    else None. Slow-ish: call off the event loop.
+    else None. The default model (``eot_model`` ``auto``) not installed is logged as a warning
+    and gives None: turns then end on silence, as before the model existed (a model named by
+    path must load). Slow-ish: call off the event loop.
 
     Raises:
         ModelNotInstalled, FileNotFoundError, ValueError: see :func:`~pipeline.eot.loader.load_eot_model`.
     """
     if cfg.turn.end_of_turn != "smart-turn":
         return None
-    eot = EotEngine.from_config(cfg.turn)
+    try:
+        eot = EotEngine.from_config(cfg.turn)
+    except ModelNotInstalled as exc:
+        if cfg.turn.eot_model != "auto":
+            raise
+        logger.warning("end of turn: %s; turns end after %d ms of silence instead", exc, cfg.turn.end_silence_ms)
+        return None
     logger.info("end-of-turn model loaded (%s, %d thread(s), batches of %d)", eot.model.info.path.name,
                 cfg.turn.eot_threads, cfg.turn.eot_batch_size)
     return eot

@@ -135,6 +135,19 @@ def test_missing_package_names_the_pip_command(monkeypatch):
         load_eot_model("auto")
 
 
+def test_the_default_model_missing_falls_back_to_silence(monkeypatch, caplog):
+    """The default (``auto``) not installed: a warning, no stage, turns end on silence."""
+    from pipeline.engines import load_eot
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "pipecat" else real(name, *a))
+    cfg = VoxpipeConfig()
+    cfg.turn.end_of_turn = "smart-turn"
+    with caplog.at_level("WARNING"):
+        assert load_eot(cfg) is None
+    assert "pipecat-ai" in caplog.text and "silence" in caplog.text
+
+
 def test_missing_or_invalid_model_files_are_clear_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="not found"):
         load_eot_model(str(tmp_path / "nope.onnx"))

@@ -1,24 +1,29 @@
 """Semantic end of turn: when has the user finished? (pure, no I/O).
 
 With ``--end-of-turn smart-turn`` the endpointer does not end a turn after a fixed silence.
-It asks an end-of-turn model (Smart Turn v3.2, :mod:`pipeline.eot`) for the probability
-that the turn's audio is a complete turn — first after :data:`FIRST_CHECK_MS` of silence,
-then again every ``recheck_ms`` while the silence grows — and :class:`EndOfTurnPolicy`
-decides from that probability and the silence so far:
+Once the VAD has heard :data:`FIRST_CHECK_MS` of silence it asks an end-of-turn model
+(Smart Turn v3.2, :mod:`pipeline.eot`) for the probability that the turn's audio so far is
+a complete turn, and :class:`EndOfTurnPolicy` decides:
 
 - a probability at or above the eagerness's ``complete`` threshold ends the turn at once
   (well before today's 500 ms of silence);
 - below it, the turn waits: a thinking pause mid-sentence ("I'd like to book … a table")
-  does not end it, up to the eagerness's ``cap_ms`` of silence, which ends it whatever
-  the model says;
+  does not end it, up to the eagerness's ``cap_ms`` of silence, which ends it whatever the
+  model says;
 - no probability (the model's queue was full, or it failed) falls back to the silence rule
   (``end_silence_ms``), so a busy model never stalls a turn.
 
+The model is asked once per silence, early. Smart Turn was trained on audio that ends a
+short VAD stop after the speech (Pipecat runs it after 200 ms of VAD silence, its
+``stop_secs``); Silero's speech probability itself trails the real end of speech by a
+window or more, so 100 ms of VAD silence gives the model about the silence it knows. On
+sentences cut mid-way, the probability is low there but climbs, and grows noisy, as the
+silence grows (docs/BENCHMARKS.md, "bench turns"): asking again later mostly ends thinking
+pauses, so a "not yet" waits for the cap instead.
+
 The eagerness names and their meaning (low waits longest, high answers soonest) are OpenAI
-Realtime's ``semantic_vad`` ``eagerness``; the checkpoint after 200 ms of silence is where
-Pipecat runs Smart Turn (its VAD ``stop_secs`` default, pipecat
-``audio/turn/smart_turn``), and 0.5 is Smart Turn's own decision threshold. The caps are
-shorter than OpenAI's (2/4/8 s): a person waiting on a voice assistant notices 3 s.
+Realtime's ``semantic_vad`` ``eagerness``; 0.5 is Smart Turn's own decision threshold. The
+caps are shorter than OpenAI's (2/4/8 s): a person waiting on a voice assistant notices 3 s.
 """
 
 from __future__ import annotations
@@ -27,8 +32,8 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-FIRST_CHECK_MS = 200
-"""Silence after which the model is first asked (ms)."""
+FIRST_CHECK_MS = 100
+"""VAD silence after which the model is asked (ms)."""
 EOT_WINDOW_S = 8.0
 """The end-of-turn model reads at most the turn's last 8 s (Smart Turn v3's input)."""
 EOT_PRE_MS = 500
@@ -46,25 +51,18 @@ class Eagerness:
     Attributes:
         complete: the model's probability at or above which the turn ends.
         cap_ms: silence that ends the turn whatever the model says (ms).
-        recheck_ms: after a "not yet", ask again once the silence grew this much more (ms).
     """
 
     complete: float
     cap_ms: int
-    recheck_ms: int
 
 
 EAGERNESS: dict[str, Eagerness] = {
-    "high": Eagerness(complete=0.3, cap_ms=1200, recheck_ms=400),
-    "medium": Eagerness(complete=0.5, cap_ms=2000, recheck_ms=600),
-    "low": Eagerness(complete=0.7, cap_ms=3000, recheck_ms=800),
+    "high": Eagerness(complete=0.3, cap_ms=1200),
+    "medium": Eagerness(complete=0.5, cap_ms=2000),
+    "low": Eagerness(complete=0.7, cap_ms=3000),
 }
-"""The settings by name; ``auto`` is ``medium`` (:func:`eagerness`).
-
-The re-asks are sparse on purpose: on a sentence cut mid-way, Smart Turn's probability
-stays low at 200 ms of silence but grows noisier as the silence grows (the model was trained
-on the audio up to a 200 ms VAD stop), so each extra ask is mostly an extra chance to end a
-thinking pause; a finished sentence is almost always recognised at the first ask."""
+"""The settings by name; ``auto`` is ``medium`` (:func:`eagerness`)."""
 
 
 def eagerness(name: str) -> Eagerness:
@@ -86,9 +84,8 @@ class Decision:
         end: the turn ends now.
         cause: why it ends (None while it waits).
         next_check_ms: while it waits, the silence (ms since the speech stopped) at which
-            to decide again — asking the model anew, or ending at the cap (None once it ends).
-        ask: whether that next checkpoint asks the model (False: it only ends the turn,
-            at the cap or at the fallback's silence).
+            to decide again: the cap, or the fallback's silence (None once it ends).
+        ask: whether that next checkpoint asks the model (only the first one does).
     """
 
     end: bool
@@ -127,10 +124,7 @@ class EndOfTurnPolicy:
             return Decision(end=False, next_check_ms=min(self.fallback_ms, s.cap_ms), ask=False)
         if prob >= s.complete:
             return Decision(end=True, cause="model")
-        nxt = silence_ms + s.recheck_ms
-        if nxt >= s.cap_ms:
-            return Decision(end=False, next_check_ms=s.cap_ms, ask=False)
-        return Decision(end=False, next_check_ms=nxt)
+        return Decision(end=False, next_check_ms=s.cap_ms, ask=False)
 
     def at_unasked(self, silence_ms: float) -> Decision:
         """Decide at a checkpoint that does not ask the model (the cap, or the fallback's
