@@ -60,7 +60,7 @@ class TurnConfig:
     vad_gate: bool = True
     """Quiet windows after half a second of non-speech skip Silero, so a silent session costs
     almost nothing (:mod:`audio.vad_gate`)."""
-    end_of_turn: str = "smart-turn"
+    end_of_turn: str = "silence"
     """How a turn's end is decided: ``silence`` (``end_silence_ms`` of silence) or
     ``smart-turn`` (the Smart Turn v3.2 end-of-turn model on the turn's audio, asked early in
     each silence: a confident "complete" ends the turn at

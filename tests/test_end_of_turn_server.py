@@ -1,5 +1,5 @@
-"""The semantic end of turn through a real server (``--end-of-turn smart-turn``, the default:
-the real Smart Turn v3.2 model) with real speech: a finished sentence ends the turn on the model's
+"""The semantic end of turn through a real server (``--end-of-turn smart-turn``, the real
+Smart Turn v3.2 model) with real speech: a finished sentence ends the turn on the model's
 word, a thinking pause mid-sentence does not end it — where the silence rule cuts it."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.conftest import running_server
 from tests.test_e2e import clip16k, pcm16
 from tests.wsclient import Client, wer
 
@@ -20,8 +21,10 @@ PAUSE_S = 1.0
 
 
 @pytest.fixture(scope="module")
-def smart_server(server):
-    return server  # smart-turn is the default
+def smart_server(tmp_path_factory):
+    log = tmp_path_factory.mktemp("smart") / "serve.log"
+    with running_server(log, "--slo-ms", "60000", "--end-of-turn", "smart-turn") as (port, proc):
+        yield {"url": f"ws://127.0.0.1:{port}/ws", "http": f"http://127.0.0.1:{port}", "log": log}
 
 
 def zeros(s: float) -> np.ndarray:
