@@ -133,8 +133,8 @@ class Interruptions:
             self._count(turn, "cancelled", over)
             self._forget_pause()
             await self.replies.cancel("barge_in")
-        elif action is BargeAction.RESUME:
-            await self._resume()
+        elif action is BargeAction.RESUME and await self._resume():
+            self._count(turn, "resumed", over)  # popped above: _resume's loop cannot see it
         if heard == "backchannel":
             metrics.BACKCHANNELS_IGNORED.inc()
             if over.reply.running:
@@ -167,19 +167,21 @@ class Interruptions:
         if self.policy.due(self._ms()) is BargeAction.RESUME:
             await self._resume()
 
-    async def _resume(self) -> None:
+    async def _resume(self) -> bool:
+        """Resume the paused reply, if any; True if one resumed."""
         reply, self._paused = self._paused, None
         self._stop_timer()
         if reply is None:
-            return
+            return False
         paused_s = reply.responder.resume()
         if paused_s is None or not reply.running:
-            return
+            return False
         metrics.FALSE_INTERRUPTIONS.inc()
         for turn, over in list(self._over.items()):
             if over.reply is reply:
                 self._count(turn, "resumed", over)
         await reply.responder.out.send(ev.ResponseResumed(response_id=reply.rid, paused_ms=round(paused_s * 1000)))
+        return True
 
     def _forget_pause(self) -> None:
         self.policy.forget_pause()
