@@ -187,6 +187,24 @@ async def test_words_in_the_merge_window_continue_the_turn():
         await h.close()
 
 
+async def test_words_that_end_before_a_partial_decides_continue_the_turn_at_their_final():
+    # no partial may decide (barge_in_min_ms beyond the speech), as on a slow machine where
+    # the speech ends before its first partial: the final transcript decides instead
+    h, llm = harness(turn={"barge_in_min_ms": 5000})
+    try:
+        seen = await h.play([*SPOKEN, Audio(tone(1500)), Audio(silence(700)), WaitFor(ev.ResponseStarted, 2)])
+        assert [c.reason for c in of(seen, ev.ResponseCancelled)] == ["continued"]
+        first, merged = of(seen, ev.TranscriptFinal)
+        assert merged.turn_id == of(seen, ev.SpeechStarted)[1].turn_id == first.turn_id + 1
+        assert merged.text.startswith(first.text) and len(merged.text.split()) > len(first.text.split())
+        assert of(seen, ev.ResponseStarted)[1].user_text == merged.text
+        users = [m["content"] for m in llm.requests[-1].messages if m["role"] == "user"]
+        assert users[-1] == merged.text  # one turn: the whole utterance
+        assert not of(seen, ev.TurnEmpty)
+    finally:
+        await h.close()
+
+
 async def test_switched_off_the_merge_window_continues_at_once_as_before():
     h, _ = harness(turn={"backchannels": False, "resume_after_ms": 0})
     try:

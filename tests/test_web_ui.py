@@ -423,6 +423,32 @@ def test_cancelled_replies_show_only_what_was_spoken_and_a_resumed_user_stops_pl
         assert not errors, errors
 
 
+def test_speech_that_continues_a_turn_under_a_new_id_joins_its_bubble():
+    # speech over the audible reply is a turn of its own (turn 3) until its words continue
+    # turn 2 (response.cancelled continued): its final, the whole utterance, shows in turn 2's bubble
+    rate = 24000
+    whole = "I would like to book a table for two."
+    turns = [[server_event(ev.SpeechStarted, turn_id=2, audio_ms=1000),
+              server_event(ev.SpeechStopped, turn_id=2, audio_ms=2500, reason="silence"),
+              server_event(ev.TranscriptFinal, turn_id=2, text="I would like", language="en", audio_ms=1500),
+              *reply(1, "Sure, what would you like?", rate),
+              server_event(ev.SpeechStarted, turn_id=3, audio_ms=3500),
+              server_event(ev.ResponsePaused, response_id=1, reason="speech"),
+              server_event(ev.TranscriptPartial, turn_id=3, committed="", unstable="to book", text="to book",
+                           language="en"),
+              server_event(ev.SpeechStopped, turn_id=3, audio_ms=5000, reason="silence"),
+              server_event(ev.ResponseCancelled, response_id=1, spoken_text="Sure,", reason="continued"),
+              server_event(ev.TranscriptFinal, turn_id=3, text=whole, language="en", audio_ms=4000)]]
+    with launch() as b, scripted_server(turns=turns) as srv:
+        page, errors = new_page(b, srv.http)
+        send_text(page, "go")
+        s = until(page, "s.users.some(u => u.text === " + repr(whole) + ")", "the joined turn's transcript")
+        spoken = [u for u in s["users"] if u["meta"].startswith("spoken")]
+        assert [u["text"] for u in spoken] == [whole], s
+        assert spoken[0]["final"] == "true", s
+        assert not errors, errors
+
+
 # ---- the whole thing, with real models and real speech (slow) ------------------------------------
 
 CHATTY = "You are a chatty assistant. Answer every message with at least five long sentences."

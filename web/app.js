@@ -49,6 +49,7 @@ let talking = false; // push-to-talk: the talk button is held
 let userSpeaking = false; // between speech.started and speech.stopped
 let thinking = false; // a turn ended, its reply not started yet
 let activeRid = null; // reply in progress (started, not done or cancelled)
+let lastSpeechTid = 0; // the turn_id of the latest speech.started
 let lastUser = null; // the latest user turn: {el, spoken, sentAt}
 let turns = new Map(); // turn_id -> {el, spoken: true, final}: this session's spoken turns
 let views = new Map(); // response id -> {el: reply bubble, user: its user turn}
@@ -176,6 +177,7 @@ function newSession(id) {
   vp.responses = {};
   views = new Map();
   turns = new Map();
+  lastSpeechTid = 0;
   cancelRequested = new Set();
   activeRid = null;
   userSpeaking = thinking = false;
@@ -252,6 +254,7 @@ function onEvent(ev) {
       break;
     case "speech.started":
       userSpeaking = true;
+      lastSpeechTid = ev.turn_id;
       userResumed(ev.turn_id);
       resumeTurn(userTurn(ev.turn_id));
       log(`← speech.started turn ${ev.turn_id} at ${ev.audio_ms} ms`);
@@ -358,6 +361,23 @@ function onDone(ev) {
   log(`← response.done #${ev.response_id}${ev.text_only ? " (text only)" : ""}: ${meta}`);
 }
 
+// The reply to spoken turn `t` was cancelled because the user went on with it: speech that
+// began as a turn of its own (over the audible reply, a new turn_id) continues `t` after all.
+// Its transcript, under the new id, holds the whole utterance: show it in `t`'s bubble.
+function joinTurns(t) {
+  const later = turns.get(lastSpeechTid);
+  if (!t || !t.spoken || !later || later === t || lastSpeechTid <= t.tid) return;
+  later.el.remove();
+  turns.set(lastSpeechTid, t);
+  if (later.final) {
+    t.final = true;
+    t.finalText = later.finalText;
+    ui.showTranscript(t.el, later.finalText, "", true);
+  } else {
+    resumeTurn(t);
+  }
+}
+
 function onCancelled(ev) {
   const r = response(ev.response_id);
   r.cancelled = true;
@@ -366,6 +386,7 @@ function onCancelled(ev) {
   if (player) player.stop(key(ev.response_id));
   if (activeRid === ev.response_id) activeRid = null;
   const v = views.get(ev.response_id);
+  if (v && ev.reason === "continued") joinTurns(v.user);
   if (v) {
     if (ev.reason === "continued" && !ev.spoken_text.trim()) {
       v.el.remove(); // a reply to half a sentence that never spoke: the turn goes on in its bubble

@@ -95,6 +95,11 @@ class StreamingTranscript:
             self._chunks, self._n = [buf], len(buf)
             self._done = min(self._done, self._n)
 
+    def audio(self) -> np.ndarray | None:
+        """All the audio fed so far (float32 16 kHz, shape (n,); less any :meth:`drop_tail`),
+        or None once the front of the buffer was cut off (:meth:`_trim`): then no longer all."""
+        return self._buffer().copy() if self.trimmed_s == 0 else None
+
     @property
     def buffer_s(self) -> float:
         """Audio in the buffer (s)."""

@@ -72,6 +72,16 @@ class Interruptions:
         return self.policy.on and (self.turn_state.reply_audible
                                    or (over is not None and over.reply is self.replies.current))
 
+    def continues_with(self, turn: object, text: str, language: str | None) -> bool:
+        """Speech turn ``turn``, held back from continuing the latest turn
+        (:meth:`holds_continuation`) and ended before a partial transcript decided, said
+        ``text`` (its final transcript): True when those are words (not a backchannel) and the
+        reply it was spoken over is still the current one and running — the caller continues
+        the latest turn with it after all."""
+        over = self._over.get(turn)
+        return (over is not None and over.reply is self.replies.current and over.reply.running
+                and self.policy.classify(text, over.speech_ms, language) == "words")
+
     def forget(self, turn: object) -> None:
         """Speech turn ``turn`` is continued by words: it is no longer a turn over a reply."""
         self._over.pop(turn, None)

@@ -310,5 +310,4 @@ class Session:
         backchannel ("yeah", "mm-hm"; :mod:`pipeline.session.barge_in`)."""
         if self.turn_state.interrupting:
             speech_ms = (self._tracker.pos - self._speech_start) * 1000 / RATE
-            await self.runner.words_over_reply(part.text, part.language, speech_ms,
-                                               lambda: self._tracker.since(self._speech_start))
+            await self.runner.words_over_reply(part.text, part.language, speech_ms)

@@ -126,37 +126,50 @@ class TurnRunner:
             spec.drop()
         await self.replies.cancel("continued")
 
-    async def words_over_reply(self, text: str, language: str | None, speech_ms: float,
-                               audio: Callable[[], np.ndarray]) -> None:
+    async def words_over_reply(self, text: str, language: str | None, speech_ms: float) -> None:
         """A partial transcript ``text`` of the speech in progress over a reply (``speech_ms``
         long so far). If its words cancel the reply, cancel it (``barge_in``); or, when this
         speech was held back from continuing the latest turn, continue that turn after all:
         its reply is cancelled (``continued``), this speech's ASR stops and the turn's goes on
-        with ``audio()`` (this speech's samples from ``pad_ms`` before it, float32 16 kHz);
-        the merged turn keeps this speech's id."""
+        with this speech's audio so far (from ``pad_ms`` before it); the merged turn keeps this
+        speech's id. Speech whose audio is no longer all there (its ASR buffer was trimmed)
+        is a turn of its own instead."""
         turn = self.asr
         if turn is None or not self.barge.words_cancel(text, speech_ms, language):
             return
         held, self._held = self._held, None
-        if held is None:
+        audio = turn.stream.audio() if held is not None else None
+        if held is None or audio is None:
             await self.barge.cancel(turn, "barge_in")
             return
-        old, old_start = held
         await self.barge.cancel(turn, "continued")
-        self.barge.forget(old)
         await self._cancel_answer()
         turn.close()
+        self._join(turn, held, audio)
+        self.asr = held[0]
+
+    def _join(self, turn: AsrTurn, held: tuple[AsrTurn, int], audio: np.ndarray) -> None:
+        """Speech turn ``turn`` continues the earlier turn ``held`` (it and its first sample)
+        after all: that turn goes on with ``audio`` (``turn``'s, float32 16 kHz) under
+        ``turn``'s id and is the latest speech turn."""
+        old, old_start = held
+        self.barge.forget(old)
+        self.barge.forget(turn)
         old.reopen()
-        old.feed(audio())
-        self.asr = self.last = old
-        self.ids.register(old, self.ids.speech_id)
-        self.ids.rejoin(old_start)
+        old.feed(audio)
+        turn_id = self.ids.of(turn)
+        self.ids.register(old, turn_id)
+        if self.ids.speech_id == turn_id:
+            self.ids.rejoin(old_start)
+        if self.last is turn:
+            self.last = old
 
     async def speech_ended(self, end: SpeechEnd, *, t_end: float, drop_tail: int) -> None:
         """The speech ended (``t_end``: when, ``time.perf_counter()`` s; ``drop_tail``:
         samples after it beyond ``pad_ms``, left out of its transcript): refuse its turn or
         submit it."""
-        turn, self.asr, self._held = self.asr, None, None
+        turn, self.asr = self.asr, None
+        held, self._held = self._held, None
         self.ids.speech_ended(end, t_end)
         turn_id = self.ids.of(turn) if turn is not None else self.ids.speech_id
         await self.out.send(ev.SpeechStopped(turn_id=turn_id, audio_ms=int(end.end * 1000 / RATE), reason=end.reason))
@@ -179,11 +192,37 @@ class TurnRunner:
         turn.end_input(drop_tail=drop_tail)
         self._spec = None
         self.machine.fire(StageEvent.SUBMIT)
-        if spec is not None:
+        if held is not None:  # no partial decided: its final transcript does
+            self._submit(lambda: self._finish_held(turn, held, t_end), turn)
+        elif spec is not None:
             self._confirming = spec
             self._submit(lambda: self.work.confirm(spec), turn)
         else:
             self._submit(lambda: self.work.transcribe_and_reply(turn, t_end), turn)
+
+    async def _finish_held(self, turn: AsrTurn, held: tuple[AsrTurn, int], t_end: float) -> None:
+        """The work of speech turn ``turn``, held back from continuing the earlier turn
+        ``held`` and ended before a partial transcript decided (a slow ASR, short words):
+        its final transcript decides. Words continue the earlier turn after all — its reply
+        is cancelled (``continued``) and the whole utterance is decoded again as one turn,
+        reported under ``turn``'s id — a backchannel or no words leave the reply alone, as
+        for any speech over it (:meth:`TurnWork.reply`)."""
+        result = await self.work.decode(turn)
+        if result is None:
+            return
+        audio = turn.stream.audio()
+        if audio is None or not self.barge.continues_with(turn, result.text, result.language):
+            await self.work.reply(turn, result, t_end)
+            return
+        await self.barge.cancel(turn, "continued")
+        spec, self._confirming = self._confirming, None
+        if spec is not None and spec.resp is not self.replies.current:
+            spec.drop()
+        await self.replies.cancel("continued")
+        old = held[0]
+        self._join(turn, held, audio)
+        old.end_input()
+        await self.work.transcribe_and_reply(old, t_end, key=turn)
 
     async def _stopped(self, turn: AsrTurn | None, end: SpeechEnd, *, submitted: bool) -> None:
         """Tell the turn state and the barge-in handling that the speech ended (``submitted``:
@@ -263,7 +302,7 @@ class TurnRunner:
         start the reply now, held back until the turn really ends. Only when nothing else
         is in progress and admission would take the turn now."""
         turn = self.asr
-        if turn is None or not self.machine.may_speculate(busy=self.turn_state.busy):
+        if turn is None or self._held is not None or not self.machine.may_speculate(busy=self.turn_state.busy):
             return
         since_end_ms = (time.perf_counter() - t_end) * 1000 + self.cfg.end_silence_ms - self.cfg.early_end_ms
         if self.gate.check(spoken=True, since_end_ms=since_end_ms, key=turn, count=False,

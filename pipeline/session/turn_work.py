@@ -49,21 +49,31 @@ class TurnWork:
         self.out, self.replies, self.gate, self.ids, self.turn_state = out, replies, gate, ids, turn_state
         self.error, self.id, self.barge = error, session_id, barge
 
-    async def transcribe_and_reply(self, turn: AsrTurn, t_end: float) -> None:
-        """Decode the turn's final transcript, report it and start its reply (a refused
-        decode is reported with ``busy``, a failed one with ``error`` ``asr_failed``)."""
+    async def transcribe_and_reply(self, turn: AsrTurn, t_end: float, *, key: object | None = None) -> None:
+        """Decode the turn's final transcript, report it and start its reply (see
+        :meth:`decode` and :meth:`reply`)."""
+        result = await self.decode(turn)
+        if result is not None:
+            await self.reply(turn, result, t_end, key=key)
+
+    async def decode(self, turn: AsrTurn) -> Partial | None:
+        """Decode the turn's final transcript; None when there is none (a refused decode is
+        reported with ``busy``, a failed one with ``error`` ``asr_failed``)."""
         try:
-            result = await turn.finish()
+            return await turn.finish()
         except Busy as exc:
             await send_busy(self.out, exc, turn_id=self.ids.of(turn))
-            return
         except Exception as exc:
             logger.exception("session %s: ASR failed", self.id)
             await self.error("asr_failed", f"transcription failed: {exc}")
-            return
+        return None
+
+    async def reply(self, turn: AsrTurn, result: Partial, t_end: float, *, key: object | None = None) -> None:
+        """Report the turn's final transcript ``result`` and start its reply (``key``: the
+        turn admission admitted, when it is not ``turn`` itself)."""
         if await self.final_transcript(turn, result):
             await self.replies.begin(result.text, turn_id=self.ids.of(turn), t_end=t_end, asr_ms=turn.last_decode_ms,
-                                     hooks=self.gate.hooks(turn))
+                                     hooks=self.gate.hooks(turn if key is None else key))
 
     async def final_transcript(self, turn: AsrTurn, result: Partial) -> bool:
         """Report the turn's final transcript; False (and ``turn.empty``) if it has no words,
