@@ -108,6 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     turns_bench_arguments(bsub.add_parser("turns", help="turn-taking: thinking pauses, backchannels, interruptions "
                                                         "and noise over replies, per end-of-turn configuration"))
+    from bench.words import add_arguments as words_bench_arguments
+
+    words_bench_arguments(bsub.add_parser("words", help="one-word turns (yeah, stop) heard per final-decode "
+                                                        "encoder window"))
     bv = bsub.add_parser("voice", help="per-response voice latencies through a real server")
     bv.add_argument("--llm", default="smollm2")
     bv.add_argument("--sessions", type=int, nargs="+", default=None,
@@ -156,7 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 BENCHES = {"asr": "bench.asr", "load": "bench.load", "quant": "bench.llm_quant", "silent": "bench.silent",
            "edge": "bench.edge", "ray": "bench.ray_overhead", "voice": "bench.voice", "replies": "bench.replies",
-           "llm": "bench.llm", "roof": "bench.roof", "eot": "bench.eot", "turns": "bench.turns"}
+           "llm": "bench.llm", "roof": "bench.roof", "eot": "bench.eot", "turns": "bench.turns",
+           "words": "bench.words"}
 """``voxpipe bench NAME`` → the module whose ``main(args)`` runs it."""
 
 

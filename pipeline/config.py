@@ -169,6 +169,10 @@ class AsrConfig:
     """Silence after the audio in the encoder window (s; less made Whisper loop)."""
     bucket_s: float = 5.0
     """Encoder windows are multiples of this (s), so requests of similar length share a batch."""
+    short_final_window_s: float = 15.0
+    """Encoder window of a final decode whose audio fits the smallest window (s; one word).
+
+    Whisper drops or repeats a lone word in a 5 s window (see :mod:`pipeline.asr.decode`)."""
     trim_s: float = 8.0
     """Once a session's buffer is longer than this, it is cut at a committed word (s).
 
@@ -198,7 +202,7 @@ class AsrConfig:
             "max_wait_ms": (0, 60_000), "encoder_batch": (0, 4096), "min_chunk_ms": (100, 30_000),
             "partial_batch_size": (1, 4096), "partial_hold_max_ms": (0, 600_000),
             "partial_hold_overload_ms": (0, 600_000), "prompt_tokens": (0, 223), "pad_s": (1, 30),
-            "bucket_s": (0.5, 30), "trim_s": (2, 30), "max_buffer_s": (2, 30)})
+            "bucket_s": (0.5, 30), "short_final_window_s": (0.5, 30), "trim_s": (2, 30), "max_buffer_s": (2, 30)})
 
 
 @dataclass(slots=True, kw_only=True)

@@ -18,6 +18,7 @@ from pipeline.asr.stream import StreamingTranscript
 from pipeline.asr.turn import AsrTurn
 from pipeline.asr.types import AsrRequest, DecodeRequest
 from pipeline.config import AsrConfig
+from tests.spoken import spoken
 from tests.wsclient import normalize, wer
 
 STEP = RATE // 50  # 20 ms frames, as a client sends them
@@ -214,3 +215,28 @@ def test_a_buffer_ending_right_after_speech_keeps_its_last_sentence(asr, audio_d
             text = normalize(res.text)
             assert "scenery is delightful" in text, (prefix, final, res.text, res.dropped)
             assert text.count("scenery") == 1, res.text
+
+
+def test_a_lone_word_is_heard_in_its_final(asr):
+    """One-word turns ("yeah", "stop") as a final decode gets them (200 ms before, 250 ms
+    after): in a 5 s encoder window Whisper tiny heard 3 of these 10 and dropped the rest
+    (no-speech, runaway loops); the final's short window (``short_final_window_s``) hears them."""
+    words = ["Yeah.", "Stop.", "No.", "Okay.", "Yes, please.", "Right.", "Thanks.", "Wait.", "Sure.", "Go on."]
+    clips = [np.concatenate([np.zeros(3200, np.float32), spoken(w), np.zeros(4000, np.float32)]) for w in words]
+    finals = asr.decode([DecodeRequest(audio=x, language="en", final=True) for x in clips])
+    heard = [normalize(r.text) for r in finals]
+    assert heard == [normalize(w) for w in words]
+
+
+def test_bench_words_prints_a_row_per_window(capsys):
+    """``voxpipe bench words`` (one Piper draw per word): a row per window, counts in range."""
+    import json
+
+    from bench.words import main as bench_words
+    from cli.main import build_parser
+
+    args = build_parser().parse_args(["bench", "words", "--windows", "5", "15", "--draws", "1", "--json"])
+    assert bench_words(args) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["window_s"] for r in rows] == [5, 15]
+    assert all(0 <= r["heard"] <= r["total"] == 10 and r["ms"] > 0 for r in rows)

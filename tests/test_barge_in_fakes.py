@@ -243,3 +243,28 @@ async def test_the_realtime_edge_sends_nothing_for_a_pause():
     await out.send(ev.TurnEmpty(turn_id=1, reason="backchannel"))  # its transcription item completes, empty
     sent = json.loads(out._q.get_nowait())
     assert sent["type"] == "conversation.item.input_audio_transcription.completed" and sent["transcript"] == ""
+
+
+async def test_a_backchannel_and_a_closed_session_leave_no_turn_pending_for_admission():
+    """A backchannel's turn ends while the earlier reply still plays: it was admitted (its
+    reply never ran), so it must stop counting; counted, four such turns filled the queue
+    limit and later turns were refused as busy. A session closed mid-reply leaves nothing."""
+    import time
+
+    from pipeline.serving.admission import Admission
+
+    c = cfg()
+    admission = Admission(c.admission)
+    engines = fake_engines(asr=FakeAsr(vocab=YEAH), llm=FakeLlm([LlmReply.of(ANSWER)] * 2),
+                           tts=FakeTts(s_per_char=0.08))
+    h = Harness(engines=engines, cfg=c, admission=admission)
+    try:
+        await h.play([*SPEAKING, Audio(tone(300)), Audio(silence(700)), WaitFor(ev.TurnEmpty)])
+        assert [e.reason for e in of(h.out.seen, ev.TurnEmpty)] == ["backchannel"]
+        assert not of(h.out.seen, ev.ResponseDone)  # the reply still plays
+        assert admission.pending(time.monotonic()) == 0
+        assert admission.critical(time.monotonic()) == 0  # the reply's first audio is out
+        await h.play([Text("And then?"), WaitFor(ev.ResponseStarted, 2)])
+    finally:
+        await h.close()
+    assert admission.pending(time.monotonic()) == admission.critical(time.monotonic()) == 0

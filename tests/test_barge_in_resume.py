@@ -14,6 +14,7 @@ from scipy.signal import butter, sosfilt
 
 from audio.pcm import resample
 from audio.wav import read_mono
+from tests.spoken import spoken
 from tests.test_barge_in import start_long_reply, stream_realtime
 from tests.wsclient import Client
 
@@ -23,12 +24,7 @@ pytestmark = pytest.mark.slow  # every test here runs a real server
 @pytest.fixture(scope="module")
 def yeah() -> np.ndarray:
     """ "Yeah." spoken by Piper's default voice, float32 at 16 kHz."""
-    from pipeline.config import TtsConfig
-    from pipeline.tts.engine import TtsEngine
-    from pipeline.tts.loader import load_voice
-
-    speech = TtsEngine(load_voice(TtsConfig()), TtsConfig()).synthesize("Yeah.")
-    return (0.7 * resample(speech.audio, speech.sample_rate, 16000)).astype(np.float32)
+    return spoken("Yeah.")
 
 
 def noise_burst(ms: int = 300, seed: int = 0) -> np.ndarray:

@@ -7,7 +7,11 @@ One call of :meth:`BatchDecoder.decode` takes the requests that the ASR worker c
    rounded up to ``bucket_s`` (CTranslate2 accepts windows shorter than Whisper's 30 s;
    the encoder's cost is about linear in the window, so a 5 s buffer costs a sixth of a
    30 s window; at least ``pad_s`` = 3 s of padding keeps Whisper from looping at the
-   end of the audio);
+   end of the audio); a *final* decode of audio that fits the smallest window (under
+   ``bucket_s`` − ``pad_s``: one word, "yeah", "stop") gets ``short_final_window_s``
+   instead — Whisper, trained on 30 s windows, drops or repeats a lone word in a 5 s
+   one (Piper-spoken one-word turns, bench in docs/BENCHMARKS.md: 22 of 60 right in a
+   5 s window, 53 in 10 s, 60 in 15 s);
 2. requests with the same window and the same ``<|startoftranscript|>`` position (a
    CTranslate2 constraint) form a group; the encoder runs per request on CPU (batched
    encodes were slower per item there: the activations leave the cache) or as one call
@@ -95,12 +99,16 @@ class BatchDecoder:
 
     # ---- public ------------------------------------------------------------------
 
-    def window_frames(self, n_samples: int) -> int:
+    def window_frames(self, n_samples: int, *, final: bool = False) -> int:
         """Encoder window (feature frames) for ``n_samples`` of audio: audio + ``pad_s``
-        rounded up to ``bucket_s``, at most 3000 (30 s)."""
+        rounded up to ``bucket_s``, at most 3000 (30 s); a ``final`` decode whose window
+        would be the smallest (one bucket) gets ``short_final_window_s`` instead."""
         need = n_samples / RATE + self.cfg.pad_s
         bucket = self.cfg.bucket_s
-        return min(MAX_FRAMES, int(math.ceil(need / bucket) * bucket * FRAMES_PER_S))
+        window_s = math.ceil(need / bucket) * bucket
+        if final and window_s <= bucket:
+            window_s = max(window_s, self.cfg.short_final_window_s)
+        return min(MAX_FRAMES, int(window_s * FRAMES_PER_S))
 
     def decode(self, reqs: list[DecodeRequest]) -> list[DecodeResult | BaseException]:
         """Decode ``reqs`` (any mix of sessions); one result or exception per request."""
@@ -148,7 +156,7 @@ class BatchDecoder:
             prompt_ids = [tok.sot_prev] + tok.encode(" " + req.prompt.strip())[-self.cfg.prompt_tokens :]
         prefix_ids = tok.encode(" " + req.prefix.strip()) if req.prefix.strip() else []
         language = req.language if self.multilingual else "en"
-        return _Item(i, req, self.window_frames(len(req.audio)), prompt_ids, prefix_ids, language)
+        return _Item(i, req, self.window_frames(len(req.audio), final=req.final), prompt_ids, prefix_ids, language)
 
     def _features(self, it: _Item) -> np.ndarray:
         feats = self.model.feature_extractor(it.req.audio.astype(np.float32, copy=False))[:, :-1]

@@ -156,6 +156,14 @@ class TurnGate:
         if self.admission is not None:
             self.admission.forget(key)
 
+    def close(self) -> None:
+        """The session closed: none of its admitted turns counts as pending or critical
+        any more (a reply stopped mid-way never calls its hooks' ``on_end``)."""
+        if self.admission is not None:
+            for key in self._own:
+                self.admission.forget(key)
+        self._own.clear()
+
     def hold_ms(self) -> float:
         """How long best-effort work (a session's partial transcripts) may be put off now
         (ms; 0: not at all): ``partial_hold_overload_ms`` while the server refuses turns or

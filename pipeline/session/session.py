@@ -193,7 +193,8 @@ class Session:
         await self.replies.cancel("client")
 
     async def close(self) -> None:
-        """Tear down: stop the reply (its LLM request is aborted) and every task."""
+        """Tear down: stop the reply (its LLM request is aborted) and every task; admission
+        forgets the session's turns."""
         self.status.close()
         self.replies.stop()
         self.engines.end_session(self.id)
@@ -203,6 +204,7 @@ class Session:
             _, stuck = await asyncio.wait(set(self._tasks), timeout=CANCEL_WAIT_S)
             if stuck:
                 logger.warning("session %s: %d task(s) did not stop on close", self.id, len(stuck))
+        self.gate.close()
 
     async def error(self, code: ev.ErrorCode, message: str, *, fatal: bool = False) -> None:
         """Send an ``error`` event (and count it)."""

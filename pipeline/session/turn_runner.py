@@ -285,10 +285,13 @@ class TurnRunner:
     def _answered(self, task: asyncio.Task, turn: AsrTurn) -> None:
         """A turn's task ended — done, failed, or cancelled, even before it ran (speech that
         continued the turn at once: a ``finally`` in the task would never run then, and the
-        turn state would wait for a transcript forever). A turn that started no reply no
-        longer counts as pending for admission; if it is still the latest ended turn's task,
-        the turn state's transcript is done (whatever happened)."""
-        if self.replies.current is None or not self.replies.current.running:
+        turn state would wait for a transcript forever). A turn whose reply is not running
+        no longer counts as pending for admission — also when an earlier turn's reply still
+        plays (a backchannel spoken over it: counted, such turns filled the queue limit and
+        the session's next turns were refused as busy); if it is still the latest ended
+        turn's task, the turn state's transcript is done (whatever happened)."""
+        current = self.replies.current
+        if current is None or not current.running or current.turn_id != self.ids.of(turn):
             self.gate.release(turn)
         if task is self._task:
             self.turn_state.transcript_done()
