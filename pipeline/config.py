@@ -80,6 +80,9 @@ class TurnConfig:
     docs/BENCHMARKS.md); raise it with ``eot_threads`` on a machine with cores to spare."""
     eot_threads: int = 1
     """CPU threads for the end-of-turn model (onnxruntime intra-op threads)."""
+    eot_timeout_ms: int = 400
+    """Longest wait for the end-of-turn model's answer (ms); past it the silence rule decides,
+    as when the model is busy (the session's audio waits meanwhile)."""
     backchannels: bool = True
     """While the assistant speaks, a short acknowledgement ("yeah", "mm-hm", "okay": the
     language's word list in :mod:`pipeline.session.backchannel`, within
@@ -114,7 +117,7 @@ class TurnConfig:
             raise ValueError(f"turn: eagerness must be one of {', '.join(EAGERNESS)}, got {self.eagerness!r}")
         check_ranges("turn", self, {"min_speech_ms": (0, 10_000), "end_silence_ms": (100, 60_000), "pad_ms": (0, 5_000),
                                     "merge_window_ms": (0, 60_000), "barge_in_min_ms": (0, 60_000),
-                                    "eot_batch_size": (1, 256), "eot_threads": (1, 256),
+                                    "eot_batch_size": (1, 256), "eot_threads": (1, 256), "eot_timeout_ms": (10, 60_000),
                                     "backchannel_max_ms": (0, 60_000), "backchannel_max_words": (0, 100),
                                     "resume_after_ms": (0, 60_000)})
 

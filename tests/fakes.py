@@ -291,15 +291,19 @@ class FakeTts(_Stage):
 
 class FakeEot(_Stage):
     """An end-of-turn model that answers from a script: each call takes the next answer (a
-    probability, or an exception to raise), then ``default``; it records the audio it got."""
+    probability, or an exception to raise), then ``default``, after ``delay_s``; it records
+    the audio it got."""
 
-    def __init__(self, script: Sequence[float | Exception] = (), *, default: float = 0.0) -> None:
+    def __init__(self, script: Sequence[float | Exception] = (), *, default: float = 0.0,
+                 delay_s: float = 0.0) -> None:
         super().__init__()
-        self.script, self.default = list(script), default
+        self.script, self.default, self.delay_s = list(script), default, delay_s
         self.calls: list[np.ndarray] = []
 
     async def run(self, item: np.ndarray) -> float:
         self.calls.append(item)
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
         answer = self.script.pop(0) if self.script else self.default
         if isinstance(answer, Exception):
             raise answer

@@ -71,6 +71,20 @@ async def test_a_busy_model_falls_back_to_the_silence_rule():
     assert stops(seen)[0].audio_ms <= 1100
 
 
+async def test_a_model_that_does_not_answer_in_time_falls_back_to_the_silence_rule():
+    """A stuck model (an answer after 60 s) must not hold the session's audio: past
+    ``eot_timeout_ms`` the silence rule decides, and the check counts as no answer."""
+    from pipeline import metrics
+
+    cfg = replace(SMART, turn=replace(SMART.turn, eot_timeout_ms=50))
+    none = metrics.EOT_CHECKS.labels("none")._value.get()
+    eot = FakeEot(default=0.95, delay_s=60)
+    seen = await play([Start(), Audio(np.concatenate([tone(1000), silence(900)])), WaitFor(ev.SpeechStopped)], eot,
+                      cfg)
+    assert stops(seen)[0].reason == "silence" and len(eot.calls) >= 1
+    assert metrics.EOT_CHECKS.labels("none")._value.get() >= none + 1
+
+
 async def test_session_start_may_choose_the_silence_rule():
     eot = FakeEot(default=0.95)
     seen = await play([Start(end_of_turn="silence"), Audio(np.concatenate([tone(1000), silence(900)])),
@@ -89,3 +103,30 @@ async def test_input_end_still_ends_the_turn_at_once():
     seen = await play([Start(), Audio(np.concatenate([tone(1000), silence(100)])), InputEnd(),
                        WaitFor(ev.SpeechStopped)], eot)
     assert stops(seen)[0].reason == "input_end"
+
+
+async def test_a_pause_waited_to_the_cap_is_not_charged_as_lateness():
+    """The model says "not yet" up to the cap (2 s of silence at ``medium``): that wait is the
+    user's pause. With another user waiting (not idle) and the default 2 s SLO, charged as
+    lateness it made admission refuse the turn (2 s > 85 % of the SLO) and back its limit off."""
+    import time
+
+    from pipeline.serving.admission import Admission
+
+    cfg = replace(SMART, turn=replace(SMART.turn, early_end_ms=0))  # no speculation: the end's own admission
+    admission = Admission(cfg.admission)
+    engines = fake_engines(eot=FakeEot(default=0.0))
+    other = object()  # someone else's admitted turn, still waiting for its first audio
+    assert admission.decide(engines.load(cfg), spoken=False, end_silence_ms=0.0, kv_tokens=0,
+                            now=time.monotonic(), key=other) is None
+    limit = admission.limit
+    h = Harness(engines=engines, cfg=cfg, admission=admission)
+    cap = EAGERNESS["medium"].cap_ms
+    try:
+        seen = await h.play([Start(eagerness="medium"), Audio(np.concatenate([tone(1000), silence(cap + 600)])),
+                             WaitFor(ev.ResponseDone)])
+    finally:
+        await h.close()
+    assert not [e for e in seen if isinstance(e, ev.Busy)]
+    assert stops(seen)[0].reason == "silence"  # ended at the cap
+    assert admission.limit >= limit  # its first audio was not a miss

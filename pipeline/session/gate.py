@@ -43,6 +43,7 @@ class TurnGate:
         self.governor = governor
         self._over_budget_until = 0.0  # time.monotonic(): the client sends faster than its budget
         self._own: set[object] = set()  # keys of this session's turns admitted and still counted
+        self._waited: dict[object, float] = {}  # admitted turn → silence its policy waited (ms)
 
     def over_budget(self, for_s: float) -> None:
         """The client is sending faster than its input budget (server/budget.py): its turns
@@ -63,7 +64,7 @@ class TurnGate:
 
     def check(self, *, spoken: bool, since_end_ms: float, key: object = None, count: bool = True,
               prompt_chars: int = 0, client_ended: bool = False, own_asr: int = 0,
-              own_llm: int = 0) -> Refusal | None:
+              own_llm: int = 0, waited_ms: float = 0.0) -> Refusal | None:
         """Admit (None) or refuse a turn that ends now.
 
         Args:
@@ -86,6 +87,9 @@ class TurnGate:
                 turn's reply or a speculation's, :meth:`Replies.queued`): the turn's reply
                 replaces them, so they are taken off the LLM queue's depth; likewise this
                 session's earlier admitted turns are not counted as others waiting.
+            waited_ms: silence an end-of-turn policy waited beyond the silence rule (already
+                left out of ``since_end_ms``): the admitted turn's first audio is measured
+                without it too, so the user's thinking pause never reads as a late reply.
         """
         left_s = self._over_budget_until - time.monotonic()  # see is_over_budget
         if left_s > 0 and not client_ended:
@@ -115,6 +119,8 @@ class TurnGate:
                                    prompt_tokens=prompt_tokens, own=self._own)
         if refusal is None and key is not None:
             self._own.add(key)
+            if waited_ms > 0:
+                self._waited[key] = waited_ms
         if count:
             predicted = admission.corrected_ms(load, spoken=spoken, end_silence_ms=since_end_ms, pending=pending,
                                                prompt_tokens=prompt_tokens)
@@ -127,9 +133,12 @@ class TurnGate:
                              admission.critical(now))
         return refusal
 
-    def admitted_earlier(self) -> None:
-        """Count a turn admitted by an earlier look-ahead (a speculation already running)."""
+    def admitted_earlier(self, key: object = None, *, waited_ms: float = 0.0) -> None:
+        """Count a turn admitted by an earlier look-ahead (a speculation already running;
+        ``waited_ms`` as for :meth:`check`)."""
         if self.admission is not None:
+            if key is not None and waited_ms > 0:
+                self._waited[key] = waited_ms
             self.admission.admitted += 1
             metrics.ADMISSIONS.labels("admitted", "").inc()
 
@@ -144,15 +153,21 @@ class TurnGate:
             return TurnHooks()
 
         def report(ms: float) -> None:
-            admission.observe(key, ms, time.monotonic())
-            logger.info("session %s: first audio %.0f ms after the end of speech (admission: limit %.1f, "
-                        "correction %.2f)", self.id, ms, admission.limit, admission.correction.value)
-        return TurnHooks(on_submit=lambda: admission.release(key), on_first_audio=report,
-                         on_end=lambda: admission.forget(key))
+            waited = self._waited.pop(key, 0.0)
+            admission.observe(key, ms - waited, time.monotonic())
+            logger.info("session %s: first audio %.0f ms after the end of speech (%.0f ms of it a chosen wait; "
+                        "admission: limit %.1f, correction %.2f)", self.id, ms, waited, admission.limit,
+                        admission.correction.value)
+
+        def end() -> None:
+            self._waited.pop(key, None)
+            admission.forget(key)
+        return TurnHooks(on_submit=lambda: admission.release(key), on_first_audio=report, on_end=end)
 
     def release(self, key: object) -> None:
         """``key``'s turn ended without a reply in flight: it is neither pending nor
         critical any more (idempotent)."""
+        self._waited.pop(key, None)
         if self.admission is not None:
             self.admission.forget(key)
 
@@ -163,6 +178,7 @@ class TurnGate:
             for key in self._own:
                 self.admission.forget(key)
         self._own.clear()
+        self._waited.clear()
 
     def hold_ms(self) -> float:
         """How long best-effort work (a session's partial transcripts) may be put off now

@@ -257,18 +257,22 @@ class Session:
             elif isinstance(turn_ev, SpeechEnd):
                 metrics.END_OF_TURN.labels(turn_ev.cause).inc()
                 silence_s = (tracker.pos - turn_ev.end) / RATE if turn_ev.reason in ("silence", "end_of_turn") else 0.0
-                await self._end_of_speech(turn_ev, t_end=time.perf_counter() - silence_s)
+                # silence an end-of-turn policy chose to wait past the silence rule's (a "not
+                # yet" up to its cap) is the user's pause, not the server's lateness
+                waited_ms = max(0.0, silence_s * 1000 - self.cfg.turn.end_silence_ms)
+                await self._end_of_speech(turn_ev, t_end=time.perf_counter() - silence_s, waited_ms=waited_ms)
 
     async def _judge(self, check: SpeechCheck) -> float | None:
         """Ask the end-of-turn model whether the speech in progress is a complete turn: the
-        probability, or None when it gives no answer (busy, failed: the policy falls back
-        to the silence rule)."""
+        probability, or None when it gives no answer (busy, failed, or not within
+        ``eot_timeout_ms``: the policy falls back to the silence rule)."""
         eot = self.engines.eot
         if eot is None:
             return None
         try:
-            prob = await eot.run(self._tracker.eot_audio(check.start, check.at))
-        except Exception as exc:  # noqa: BLE001 - Busy or a model failure: the silence decides
+            prob = await asyncio.wait_for(eot.run(self._tracker.eot_audio(check.start, check.at)),
+                                          self.cfg.turn.eot_timeout_ms / 1000)
+        except Exception as exc:  # noqa: BLE001 - Busy, a timeout or a model failure: the silence decides
             logger.debug("session %s: end-of-turn model gave no answer: %s", self.id, exc)
             metrics.EOT_CHECKS.labels("none").inc()
             return None
@@ -277,8 +281,9 @@ class Session:
         metrics.EOT_CHECKS.labels("complete" if complete else "wait").inc()
         return prob
 
-    async def _end_of_speech(self, end: SpeechEnd, *, t_end: float) -> None:
-        await self.runner.speech_ended(end, t_end=t_end, drop_tail=self._tracker.tail_after(end.end))
+    async def _end_of_speech(self, end: SpeechEnd, *, t_end: float, waited_ms: float = 0.0) -> None:
+        await self.runner.speech_ended(end, t_end=t_end, drop_tail=self._tracker.tail_after(end.end),
+                                       waited_ms=waited_ms)
 
     def _new_asr(self) -> AsrTurn:
         """Streaming ASR for a new speech turn."""

@@ -164,10 +164,11 @@ class TurnRunner:
         if self.last is turn:
             self.last = old
 
-    async def speech_ended(self, end: SpeechEnd, *, t_end: float, drop_tail: int) -> None:
+    async def speech_ended(self, end: SpeechEnd, *, t_end: float, drop_tail: int, waited_ms: float = 0.0) -> None:
         """The speech ended (``t_end``: when, ``time.perf_counter()`` s; ``drop_tail``:
-        samples after it beyond ``pad_ms``, left out of its transcript): refuse its turn or
-        submit it."""
+        samples after it beyond ``pad_ms``, left out of its transcript; ``waited_ms``: silence
+        the end-of-turn policy waited beyond ``end_silence_ms``, which admission does not
+        charge to the server): refuse its turn or submit it."""
         turn, self.asr = self.asr, None
         held, self._held = self._held, None
         self.ids.speech_ended(end, t_end)
@@ -178,11 +179,12 @@ class TurnRunner:
             return
         spec = self._spec
         if spec is not None and spec.resp is not None:  # a running speculation was admitted at the pause
-            self.gate.admitted_earlier()
+            self.gate.admitted_earlier(turn, waited_ms=waited_ms)
         else:
-            refusal = self.gate.check(spoken=True, since_end_ms=(time.perf_counter() - t_end) * 1000, key=turn,
-                                      prompt_chars=self._prompt_chars(turn), client_ended=end.reason == "input_end",
-                                      own_asr=int(turn.urgent_in_flight), own_llm=self.queued_replies())
+            refusal = self.gate.check(spoken=True, since_end_ms=(time.perf_counter() - t_end) * 1000 - waited_ms,
+                                      key=turn, prompt_chars=self._prompt_chars(turn),
+                                      client_ended=end.reason == "input_end", own_asr=int(turn.urgent_in_flight),
+                                      own_llm=self.queued_replies(), waited_ms=waited_ms)
             if refusal is not None:
                 self._refuse(turn)
                 await self._stopped(turn, end, submitted=False)
