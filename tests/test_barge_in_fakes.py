@@ -9,7 +9,7 @@ import pytest
 from pipeline import metrics
 from pipeline.config import TurnConfig, VoxpipeConfig
 from pipeline.session import events as ev
-from tests.fakes import FakeAsr, FakeLlm, FakeTts, LlmReply, fake_engines, noise, silence, tone
+from tests.fakes import Delta, FakeAsr, FakeLlm, FakeTts, LlmReply, fake_engines, noise, silence, tone
 from tests.session_harness import Audio, AudioOut, Harness, Start, Text, WaitFor, types_of
 
 ANSWER = "An answer that plays for a few seconds."  # 39 characters: ~3 s of fake speech
@@ -201,6 +201,31 @@ async def test_words_that_end_before_a_partial_decides_continue_the_turn_at_thei
         users = [m["content"] for m in llm.requests[-1].messages if m["role"] == "user"]
         assert users[-1] == merged.text  # one turn: the whole utterance
         assert not of(seen, ev.TurnEmpty)
+    finally:
+        await h.close()
+
+
+async def test_words_held_past_their_reply_s_end_still_continue_the_turn():
+    # the reply's audio is all sent at once (a client buffering 5 s) and its LLM stream ends
+    # while the held words go on, as when a user pauses mid-sentence: the reply is over on
+    # the server, but the words still continue the turn (CI: JFK's "... ask what you can do
+    # for your country" was answered as a turn of its own)
+    llm = FakeLlm([LlmReply([Delta("Sure, that works. \U0001F600", 0.0), Delta("", 1.0)]), LlmReply.of(ANSWER)])
+    c = cfg(barge_in_min_ms=5000)
+    c.tts.playback_lead_s = 5.0
+    h = Harness(engines=fake_engines(asr=FakeAsr(), llm=llm, tts=FakeTts(s_per_char=0.08)), cfg=c)
+    try:
+        seen = await h.play([*SPOKEN, Audio(tone(400)), WaitFor(ev.ResponseDone), Audio(tone(1100)),
+                             Audio(silence(700)), WaitFor(ev.ResponseStarted, 2)])
+        t = types_of(seen)
+        assert t.index("response.started") < t.index("speech.started", t.index("response.started")) \
+            < t.index("response.done")  # the words began over the running reply
+        first, merged = of(seen, ev.TranscriptFinal)
+        assert merged.turn_id == of(seen, ev.SpeechStarted)[1].turn_id == first.turn_id + 1
+        # the whole utterance's words: the first speech's and the held words'
+        assert len(merged.text.split()) >= len(first.text.split()) + len(FakeAsr.words(tone(1500))), merged.text
+        assert not of(seen, ev.ResponseCancelled)  # the reply it continued was already done
+        assert of(seen, ev.ResponseStarted)[1].user_text == merged.text
     finally:
         await h.close()
 

@@ -76,11 +76,16 @@ class Interruptions:
         """Speech turn ``turn``, held back from continuing the latest turn
         (:meth:`holds_continuation`) and ended before a partial transcript decided, said
         ``text`` (its final transcript): True when those are words (not a backchannel) and the
-        reply it was spoken over is still the current one and running — the caller continues
-        the latest turn with it after all."""
+        reply it was spoken over is still the current one and running, or completed meanwhile
+        with no reply after it (its audio all sent while the user went on: the client is
+        still playing it) — the caller continues the latest turn with it after all. A reply
+        cancelled or replaced meanwhile leaves the words a turn of their own."""
         over = self._over.get(turn)
-        return (over is not None and over.reply is self.replies.current and over.reply.running
-                and self.policy.classify(text, over.speech_ms, language) == "words")
+        if over is None:
+            return False
+        reply, current = over.reply, self.replies.current
+        spoken_over = (reply is current and reply.running) or (current is None and reply.completed)
+        return spoken_over and self.policy.classify(text, over.speech_ms, language) == "words"
 
     def forget(self, turn: object) -> None:
         """Speech turn ``turn`` is continued by words: it is no longer a turn over a reply."""
