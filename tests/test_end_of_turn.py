@@ -162,3 +162,6 @@ def test_realtime_semantic_vad_chooses_the_model_and_its_eagerness():
     assert session_object(s, VoxpipeConfig(), "x", "p")["audio"]["input"]["turn_detection"]["type"] == "server_vad"
     with pytest.raises(RealtimeError):
         read_update({"turn_detection": {"type": "semantic_vad", "eagerness": "eager"}}, Settings())
+    # null (as the openai package may send it) and absent mean OpenAI's default, auto
+    for td in ({"type": "semantic_vad", "eagerness": None}, {"type": "semantic_vad"}):
+        assert read_update({"turn_detection": td}, Settings()).eagerness == "auto"

@@ -92,6 +92,26 @@ async def test_session_start_may_choose_the_silence_rule():
     assert stops(seen)[0].reason == "silence" and eot.calls == []
 
 
+async def test_session_started_says_which_rule_is_in_force():
+    def started(seen) -> ev.SessionStarted:
+        return next(e for e in seen if isinstance(e, ev.SessionStarted))
+
+    smart = started(await play([Start(eagerness="low")], FakeEot()))
+    assert (smart.end_of_turn, smart.eagerness) == ("smart-turn", "low")
+    server_default = started(await play([Start()], FakeEot()))
+    assert (server_default.end_of_turn, server_default.eagerness) == ("smart-turn", SMART.turn.eagerness)
+    chose = started(await play([Start(end_of_turn="silence")], FakeEot()))
+    assert (chose.end_of_turn, chose.eagerness) == ("silence", None)
+    no_vad = started(await play([Start(vad=False)], FakeEot()))
+    assert (no_vad.end_of_turn, no_vad.eagerness) == ("input_end", None)
+    h = Harness(engines=fake_engines(), cfg=SMART)  # asked for, but the server has no model
+    try:
+        no_model = started(await h.play([Start(end_of_turn="smart-turn")]))
+    finally:
+        await h.close()
+    assert (no_model.end_of_turn, no_model.eagerness) == ("silence", None)
+
+
 async def test_the_model_reads_at_most_the_last_8_seconds():
     eot = FakeEot(default=0.95)
     await play([Start(), Audio(np.concatenate([tone(10_000), silence(600)])), WaitFor(ev.SpeechStopped)], eot)

@@ -27,6 +27,10 @@ MAX_TEXT_CHARS = 8000
 # ---- client → server --------------------------------------------------------------------
 
 
+Eagerness = Literal["auto", "low", "medium", "high"]
+"""smart-turn's eagerness names (:data:`pipeline.config.EAGERNESS`)."""
+
+
 class _ClientEvent(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
 
@@ -45,7 +49,7 @@ class SessionStart(_ClientEvent):
     end_of_turn: Literal["silence", "smart-turn"] | None = Field(
         None, description="how VAD turns end: after a silence, or when the end-of-turn model says the turn is "
                           "complete (needs a server started with --end-of-turn smart-turn); null: the server's")
-    eagerness: Literal["auto", "low", "medium", "high"] | None = Field(
+    eagerness: Eagerness | None = Field(
         None, description="smart-turn: how soon a turn ends (low waits longest); null: the server's")
 
 
@@ -121,6 +125,11 @@ class SessionStarted(_ServerEvent):
     protocol: int = PROTOCOL_VERSION
     input: AudioFormat
     output: AudioFormat
+    end_of_turn: Literal["silence", "smart-turn", "input_end"] = Field(
+        "silence", description="how this session's turns end, as in force: after a silence, by the end-of-turn "
+                               "model, or only at input.end (vad false)")
+    eagerness: Eagerness | None = Field(
+        None, description="smart-turn's eagerness in force; null for the other rules")
 
 
 class SpeechStarted(_ServerEvent):

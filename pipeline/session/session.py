@@ -17,7 +17,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Coroutine
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -102,8 +102,8 @@ class Session:
         self._decoder = PcmDecoder(self.fmt)
         self._quiet = QuietBatcher(max(1, self.fmt.frame_bytes * sample_rate * QUIET_BATCH_MS // 1000))
         old_pos = self._tracker.pos
-        self._tracker = TurnTracker(self.cfg.turn, self.engines.vad.stream() if vad else AllSpeech(),
-                                    self._eot_policy(req) if vad else None)
+        eot = self._eot_policy(req) if vad else None
+        self._tracker = TurnTracker(self.cfg.turn, self.engines.vad.stream() if vad else AllSpeech(), eot)
         await self.runner.restart(audio_ms=int(old_pos * 1000 / RATE))  # speech in progress ends unanswered
         self.output_rate = self.replies.output_rate = output_sample_rate
         self.language = await self._asr_language(language)
@@ -113,7 +113,9 @@ class Session:
         await self.out.send(ev.SessionStarted(
             session_id=self.id,
             input=ev.AudioFormat(sample_rate=sample_rate, format=req.format, channels=channels),
-            output=ev.AudioFormat(sample_rate=output_sample_rate, format="pcm16", channels=1)))
+            output=ev.AudioFormat(sample_rate=output_sample_rate, format="pcm16", channels=1),
+            end_of_turn="input_end" if not vad else "smart-turn" if eot is not None else "silence",
+            eagerness=cast(ev.Eagerness, req.eagerness or self.cfg.turn.eagerness) if eot is not None else None))
         await self.status.started()
 
     def _eot_policy(self, req: ev.SessionStart) -> EndOfTurnPolicy | None:

@@ -82,7 +82,7 @@ def _vad(where: str, td: Any) -> tuple[bool, Any, Any]:
     if isinstance(td, dict) and td.get("type") == "server_vad":
         return True, "silence", None
     if isinstance(td, dict) and td.get("type") == "semantic_vad":
-        eager = td.get("eagerness", "auto")
+        eager = td.get("eagerness") or "auto"  # null: the default, as OpenAI's
         if eager not in EAGERNESS:
             raise RealtimeError("invalid_value", f"eagerness {eager!r} is not supported: {', '.join(EAGERNESS)}",
                                 param=f"{where}.eagerness")
