@@ -236,9 +236,10 @@ async def _converse(ws, player, mic_q: asyncio.Queue[bytes], console: Console, s
             if kind == "speech.started":
                 # the user spoke again while a reply plays: if it answers this same turn (a pause
                 # mid-sentence) or has all arrived (nothing left for the server to cancel), stop it
+                # ("you went on": the server takes the speech as going on over it)
                 same = view is not None and view.turn_id == ev.get("turn_id")
                 if view is not None and not view.finished and (same or view.done):
-                    cut(view, CANCEL_REASONS["continued" if same else "barge_in"])
+                    cut(view, CANCEL_REASONS["continued"])
                 state["user"] = True
                 console.state(SPEAKING_USER)
             elif kind == "transcript.partial":

@@ -4,6 +4,8 @@ models; waits have deadlines; no assertion depends on wall-clock speed."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from pipeline import metrics
@@ -66,6 +68,59 @@ async def test_a_backchannel_pauses_the_reply_which_resumes_and_completes():
         assert msgs[-4:] == [{"role": "user", "content": "Tell me something."},
                              {"role": "assistant", "content": ANSWER},
                              {"role": "user", "content": "Yeah."}, {"role": "user", "content": "And then?"}]
+    finally:
+        await h.close()
+
+
+# a reply whose audio is all sent (within the 1 s playback lead) before it is heard
+SHORT = "Sure, that works."  # 17 characters: ~1.4 s of fake speech
+
+
+def short_harness(*, vocab=None) -> tuple[Harness, FakeLlm]:
+    llm = FakeLlm([LlmReply.of(SHORT)] * 3)
+    return Harness(engines=fake_engines(asr=FakeAsr(vocab=vocab), llm=llm, tts=FakeTts(s_per_char=0.08)),
+                   cfg=cfg()), llm
+
+
+async def test_a_backchannel_while_a_sent_reply_still_plays_is_still_a_backchannel():
+    # response.done came (all audio sent), the client still plays its last second: "yeah"
+    # then is an acknowledgement, not a new turn (before: a transcript and a second reply)
+    h, llm = short_harness(vocab=YEAH)
+    try:
+        seen = await h.play([Start(), Text("Tell me something."), WaitFor(ev.ResponseDone), Audio(tone(300)),
+                             Audio(silence(700)), WaitFor(ev.TurnEmpty)])
+        assert [e.reason for e in of(seen, ev.TurnEmpty)] == ["backchannel"]
+        assert not of(seen, ev.TranscriptFinal) and len(llm.requests) == 1
+        await h.play([Text("And then?"), WaitFor(ev.ResponseDone, 2)])
+        assert llm.requests[1].messages[-3:] == [{"role": "assistant", "content": SHORT},
+                                                 {"role": "user", "content": "Yeah."},
+                                                 {"role": "user", "content": "And then?"}]
+    finally:
+        await h.close()
+
+
+async def test_a_backchannel_in_the_merge_window_of_a_sent_reply_does_not_continue_the_turn():
+    # the same, right after a spoken turn: "yeah" would have continued that turn at once
+    # and had it answered again
+    h, llm = short_harness(vocab=YEAH)
+    try:
+        seen = await h.play([Start(), Audio(tone(1000)), Audio(silence(700)), WaitFor(ev.ResponseDone),
+                             Audio(tone(300)), Audio(silence(700)), WaitFor(ev.TurnEmpty)])
+        ids = [e.turn_id for e in of(seen, ev.SpeechStarted)]
+        assert ids == [ids[0], ids[0] + 1]
+        assert [e.reason for e in of(seen, ev.TurnEmpty)] == ["backchannel"]
+        assert len(of(seen, ev.TranscriptFinal)) == 1 and len(llm.requests) == 1
+    finally:
+        await h.close()
+
+
+async def test_speech_after_a_sent_reply_was_heard_out_is_a_turn_again():
+    h, llm = short_harness(vocab=YEAH)
+    try:
+        await h.play([Start(), Text("Tell me something."), WaitFor(ev.ResponseDone)])
+        await asyncio.sleep(1.5)  # its last audio is played by now (lead 1 s)
+        seen = await h.play([Audio(tone(300)), Audio(silence(700)), WaitFor(ev.ResponseStarted, 2)])
+        assert [e.text for e in of(seen, ev.TranscriptFinal)] == ["Yeah."] and not of(seen, ev.TurnEmpty)
     finally:
         await h.close()
 

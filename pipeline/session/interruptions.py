@@ -65,11 +65,12 @@ class Interruptions:
 
     def holds_continuation(self, turn: object) -> bool:
         """Speech that would continue speech turn ``turn`` must first prove to be words: the
-        policy is on and a reply is audible, or ``turn`` was itself spoken over the current
+        policy is on and a reply is audible (being sent, or all sent and still playing at the
+        client: :meth:`Replies.playing_tail`), or ``turn`` was itself spoken over the current
         reply (continuing it at once would cancel a reply it did not ask for). Else it
         continues the turn at once, as always."""
         over = self._over.get(turn)
-        return self.policy.on and (self.turn_state.reply_audible
+        return self.policy.on and (self.turn_state.reply_audible or self.replies.playing_tail() is not None
                                    or (over is not None and over.reply is self.replies.current))
 
     def continues_with(self, turn: object, text: str, language: str | None) -> bool:
@@ -99,10 +100,13 @@ class Interruptions:
         if self._paused is not None and self._paused is not self.replies.current:
             self._forget_pause()  # it ended meanwhile (a new turn, response.cancel)
         ts, reply = self.turn_state, self.replies.current
-        over = ts.interrupting and reply is not None
+        tail = self.replies.playing_tail() if not ts.interrupting else None  # all sent, still playing
+        over = (ts.interrupting and reply is not None) or tail is not None
+        if tail is not None:
+            reply = tail
         if over and reply is not None:
             self._over[turn] = _Over(reply)
-        action = self.policy.speech_started(self._ms(), replying=over, audible=ts.reply_audible)
+        action = self.policy.speech_started(self._ms(), replying=over, audible=ts.reply_audible and tail is None)
         if action is BargeAction.PAUSE and reply is not None:
             await self._pause(reply)
 
@@ -144,7 +148,7 @@ class Interruptions:
         if over.outcome in ("cancelled", "continued"):  # its partial's words already did
             return "words"
         heard, action = self.policy.final(text, over.speech_ms, language)
-        if action is BargeAction.CANCEL:
+        if action is BargeAction.CANCEL and over.reply is self.replies.current:
             self._count(turn, "cancelled", over)
             self._forget_pause()
             await self.replies.cancel("barge_in")

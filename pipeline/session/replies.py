@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -109,6 +110,22 @@ class Replies:
         self.output_rate = 24000  # reply audio rate (Hz), set by session.start
         self.current: Reply | None = None
         self._next_rid = 0
+        self._tail: Reply | None = None  # the latest current reply that completed (see playing_tail)
+
+    def playing_tail(self) -> Reply | None:
+        """The latest reply that completed (``response.done``) while its client still plays
+        it — its audio is sent up to ``playback_lead_s`` ahead of real-time playback, so a
+        short reply is all sent before it is heard (:meth:`Responder.played_by`) — with no
+        reply current since; else None. Speech then is over that reply, as over one still
+        being sent: a backchannel leaves it alone instead of becoming a turn."""
+        tail = self._tail
+        if tail is None or self.current is not None:
+            return None
+        until = tail.responder.played_by()
+        if until is None or time.perf_counter() >= until:
+            self._tail = None
+            return None
+        return tail
 
     def busy(self) -> bool:
         """True while the current reply runs."""
@@ -118,6 +135,7 @@ class Replies:
         """A reply (not yet running nor current) that sends to ``out`` (default: the
         session's outbox) and, if ``release`` is given, holds its audio until it is set."""
         self._next_rid += 1
+        self._tail = None
         out = out or self.out
 
         async def error(code: ev.ErrorCode, message: str) -> None:
@@ -164,17 +182,20 @@ class Replies:
         return sum(r.responder.queued for r in replies.values())
 
     def settle(self, reply: Reply) -> None:
-        """``reply`` ended: it is no longer current."""
+        """``reply`` ended: it is no longer current (if it completed, its client may still
+        play it: :meth:`playing_tail`)."""
         if self.current is reply:
             self.current = None
             self.turn_state.reply_ended()
+            if reply.completed:
+                self._tail = reply
 
     async def cancel(self, reason: ev.CancelReason = "new_turn") -> None:
         """Cancel the current reply, if it runs, and send ``response.cancelled`` if its
         ``response.started`` went out.
         ``reason``: ``client`` (response.cancel), ``barge_in``, ``continued`` (the user
         went on with the same turn), ``new_turn`` or ``restart`` (a new session.start)."""
-        reply, self.current = self.current, None
+        reply, self.current, self._tail = self.current, None, None
         if reply is None or reply.task is None or reply.task.done():
             return
         task = reply.task

@@ -98,6 +98,12 @@ class Responder:
             self._aborted = True
             self._stream.abort()
 
+    def played_by(self) -> float | None:
+        """When the client will have played all the audio sent so far, if it plays it in real
+        time from the first chunk (``time.perf_counter()`` s; the pacing clock of
+        :meth:`_pace`, shifted by pauses); None before any audio."""
+        return None if self._t_play is None else self._t_play + self.audio_s
+
     @property
     def paused(self) -> bool:
         """Its audio is paused (:meth:`pause`)."""
