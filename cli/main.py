@@ -9,6 +9,8 @@ import os
 import sys
 from pathlib import Path
 
+from pipeline.turn_config import EAGERNESS, END_OF_TURN
+
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``voxpipe`` command line: ``serve`` (its configuration flags generated from the config
@@ -155,6 +157,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="half-duplex: how much louder than the speaker (dB) your voice must be to cut in (6)")
     m.add_argument("--token", default=os.environ.get("VOXPIPE_TOKEN") or None,
                    help="the server's bearer token (default: $VOXPIPE_TOKEN)")
+    m.add_argument("--end-of-turn", default=None, choices=list(END_OF_TURN),
+                   help="how the server ends your turns: after a silence, or when its end-of-turn model hears you "
+                        "are done (the server needs --end-of-turn smart-turn; default: the server's)")
+    m.add_argument("--eagerness", default=None, choices=list(EAGERNESS),
+                   help="smart-turn: how soon a turn ends (low waits longest; default: the server's)")
     return p
 
 
@@ -188,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.list_devices:
             return list_devices_command()
         return run_mic(args.url, input_device=args.input_device, output_device=args.output_device, token=args.token,
-                       echo=args.echo, barge_in_db=args.barge_in_db)
+                       echo=args.echo, barge_in_db=args.barge_in_db, end_of_turn=args.end_of_turn,
+                       eagerness=args.eagerness)
     return 2
 
 

@@ -94,8 +94,10 @@ def _describe_close(exc: BaseException | None, ws) -> str:
 
 
 async def _session(url: str, input_device, output_device, console: Console, token: str | None = None, *,
-                   echo: str = "auto", barge_in_db: float = BARGE_IN_DB, stop: asyncio.Event | None = None) -> None:
+                   echo: str = "auto", barge_in_db: float = BARGE_IN_DB, stop: asyncio.Event | None = None,
+                   turn: dict[str, str] | None = None) -> None:
     """One mic session until ``stop`` is set (then ``session.end`` and a normal close).
+    ``turn``: ``session.start``'s ``end_of_turn`` / ``eagerness``, if chosen.
 
     Raises:
         ServerGone: the server closed the session or the connection was lost before ``stop``.
@@ -129,7 +131,7 @@ async def _session(url: str, input_device, output_device, console: Console, toke
 
     async with connect(url, max_size=None, additional_headers=auth_headers(token), open_timeout=15) as ws:
         await ws.send(json.dumps({"type": "session.start", "sample_rate": RATE, "format": "pcm16",
-                                  "channels": 1, "output_sample_rate": OUT_RATE}))
+                                  "channels": 1, "output_sample_rate": OUT_RATE, **(turn or {})}))
         player = Player(OUT_RATE, output_device, on_output=on_output)
         mic = None
         try:
@@ -140,7 +142,8 @@ async def _session(url: str, input_device, output_device, console: Console, toke
             console.say(f"voxpipe mic: echo: {control[0].description}")
             console.say("listening — speak; Ctrl+C to quit")
             console.state(LISTENING)
-            await _converse(ws, player, mic_q, console, stop, ConnectionClosed)
+            await _converse(ws, player, mic_q, console, stop, ConnectionClosed,
+                            asked_rule=(turn or {}).get("end_of_turn"))
         finally:
             console.close()
             for close in ([] if mic is None else [mic.stop, mic.close]) + [player.close]:
@@ -151,8 +154,9 @@ async def _session(url: str, input_device, output_device, console: Console, toke
 
 
 async def _converse(ws, player, mic_q: asyncio.Queue[bytes], console: Console, stop: asyncio.Event,
-                    closed_exc: type[BaseException]) -> None:
-    """The conversation: mic frames out, events and audio in, the view kept in step."""
+                    closed_exc: type[BaseException], *, asked_rule: str | None = None) -> None:
+    """The conversation: mic frames out, events and audio in, the view kept in step.
+    ``asked_rule``: the ``end_of_turn`` asked for (the user hears if the server has another)."""
     replies: dict[int, ReplyView] = {}
     # the latest final turn id, the reply being played, whether the user is speaking
     state: dict = {"turn": None, "reply": None, "user": False}
@@ -233,6 +237,9 @@ async def _converse(ws, player, mic_q: asyncio.Queue[bytes], console: Console, s
             ev = json.loads(msg)
             kind = ev["type"]
             view = current()
+            if kind == "session.started" and asked_rule and ev.get("end_of_turn") not in (None, asked_rule):
+                console.say(f"voxpipe mic: the server ends turns by {ev['end_of_turn']} (it has no "
+                            "end-of-turn model: start it with --end-of-turn smart-turn)")
             if kind == "speech.started":
                 # the user spoke again while a reply plays: if it answers this same turn (a pause
                 # mid-sentence) or has all arrived (nothing left for the server to cancel), stop it
@@ -316,11 +323,14 @@ async def _converse(ws, player, mic_q: asyncio.Queue[bytes], console: Console, s
 
 
 def run_mic(url: str, *, input_device=None, output_device=None, token: str | None = None,
-            echo: str = "auto", barge_in_db: float = BARGE_IN_DB, console: Console | None = None) -> int:
+            echo: str = "auto", barge_in_db: float = BARGE_IN_DB, console: Console | None = None,
+            end_of_turn: str | None = None, eagerness: str | None = None) -> int:
     """Run the microphone client until Ctrl+C; returns an exit status (see the module
     docstring). ``input_device``/``output_device``: an index or a name (an all-digit value is
     an index); ``token``: the server's bearer token; ``echo``: ``auto``, ``aec``,
-    ``half-duplex`` or ``off`` (:mod:`clients.echo`)."""
+    ``half-duplex`` or ``off`` (:mod:`clients.echo`); ``end_of_turn`` (``silence`` or
+    ``smart-turn``) and ``eagerness`` (``auto``, ``low``, ``medium``, ``high``): how the server
+    ends this session's turns (None: the server's choice)."""
     from websockets.exceptions import InvalidHandshake, InvalidStatus, InvalidURI, WebSocketException
 
     from audio.devices import DeviceError, resolve_device
@@ -350,7 +360,8 @@ def run_mic(url: str, *, input_device=None, output_device=None, token: str | Non
             loop.add_signal_handler(signal.SIGINT, on_sigint)
         except (RuntimeError, ValueError):  # not the main thread: Ctrl+C stays KeyboardInterrupt
             pass
-        await _session(url, inp, out, console, token, echo=echo, barge_in_db=barge_in_db, stop=stop)
+        turn = {k: v for k, v in (("end_of_turn", end_of_turn), ("eagerness", eagerness)) if v is not None}
+        await _session(url, inp, out, console, token, echo=echo, barge_in_db=barge_in_db, stop=stop, turn=turn)
 
     try:
         asyncio.run(main())

@@ -27,7 +27,7 @@ from pipeline.config import VoxpipeConfig
 from tests.conftest import ROOT, free_port
 from tests.fake_audio import FakeSoundDevice, Room
 from tests.fake_server import fake_server, fake_server_thread
-from tests.fakes import FakeLlm, FakeTts, LlmReply, fake_engines, noise, silence, tone
+from tests.fakes import FakeEot, FakeLlm, FakeTts, LlmReply, fake_engines, noise, silence, tone
 
 DEADLINE_S = 60.0
 
@@ -53,14 +53,15 @@ async def _until(pred, what: str, out: io.StringIO | None = None) -> None:
     pytest.fail(f"{what} not seen; the client said:\n{out.getvalue() if out else ''}")
 
 
-async def _talk(engines, room: Room, script, *, echo: str = "off", live: bool = False) -> str:
+async def _talk(engines, room: Room, script, *, echo: str = "off", live: bool = False,
+                turn: dict | None = None) -> str:
     """Run the mic client against the real server over ``engines``; ``script(room, out)``
     plays the human's part; returns what the client printed."""
     out = io.StringIO()
     console = Console(out, live=live)
     stop = asyncio.Event()
     async with fake_server(engines=engines) as srv:
-        task = asyncio.create_task(_session(srv.ws, None, None, console, echo=echo, stop=stop))
+        task = asyncio.create_task(_session(srv.ws, None, None, console, echo=echo, stop=stop, turn=turn))
         await _until(lambda: "listening —" in out.getvalue() or task.done(), "the client listening", out)
         await script(room, out)
         stop.set()
@@ -148,6 +149,18 @@ async def test_playback_stops_when_the_user_resumes_after_a_reply_was_all_sent(r
 
     text = await _talk(engines, room, script)
     assert room.played_seconds(22050) < 2.0, text  # not the reply's 2.8 s
+
+
+async def test_the_chosen_end_of_turn_goes_to_the_server_which_says_when_it_cannot(room):
+    async def script(r: Room, out: io.StringIO) -> None:
+        await _ask(r, out)
+
+    # a server without the end-of-turn model: the client says so, and the turn still ends (silence)
+    text = await _talk(fake_engines(), room, script, turn={"end_of_turn": "smart-turn", "eagerness": "low"})
+    assert "voxpipe mic: the server ends turns by silence" in text, text
+    eot = FakeEot(default=0.95)
+    text = await _talk(fake_engines(eot=eot), room, script, turn={"end_of_turn": "smart-turn"})
+    assert "the server ends turns by" not in text and eot.calls, text
 
 
 def test_latency_line_fits_the_turn():

@@ -325,6 +325,8 @@ def test_settings_are_kept_in_the_browser_and_sent_with_the_next_session(tmp_pat
         page.fill("textarea[name=system-prompt]", prompt)
         page.fill("input[name=language]", "EN")
         page.select_option("select[name=output-rate]", "24000")
+        page.select_option("select[name=end-of-turn]", "smart-turn")
+        page.select_option("select[name=eagerness]", "low")
         page.check("input[name=push-to-talk]")
         page.click("#settings-form button[type=submit]")
         assert page.inner_text("#settings-form .saved") == "saved"
@@ -336,14 +338,18 @@ def test_settings_are_kept_in_the_browser_and_sent_with_the_next_session(tmp_pat
         assert page.input_value("input[name=language]") == "en"
         assert page.input_value("select[name=output-rate]") == "24000"
         assert page.is_checked("input[name=push-to-talk]")
+        assert page.input_value("select[name=end-of-turn]") == "smart-turn"
+        assert page.input_value("select[name=eagerness]") == "low"
 
         page.click("#start")
         s = until(page, "s.talkVisible && s.state === 'listening'", "the push-to-talk button")
         declared = page.evaluate("window.voxpipe.declared")
         assert declared["system_prompt"] == prompt and declared["language"] == "en", declared
         assert declared["vad"] is False and declared["output_sample_rate"] == 24000, declared
+        assert declared["end_of_turn"] == "smart-turn" and declared["eagerness"] == "low", declared
         started = page.evaluate("window.voxpipe.events.find(e => e.type === 'session.started')")
         assert started["output"]["sample_rate"] == 24000
+        assert started["end_of_turn"] == "input_end"  # push-to-talk: the button ends the turn
         page.wait_for_timeout(600)
         assert page.evaluate("window.voxpipe.samplesSent") == 0  # push-to-talk: nothing until held
         page.hover("#talk")
@@ -356,8 +362,8 @@ def test_settings_are_kept_in_the_browser_and_sent_with_the_next_session(tmp_pat
         assert llm.requests[0].messages[0]["content"] == prompt  # the server used the saved prompt
 
         page.click("#settings-form button[type=reset]")  # defaults, at once on the open session
-        wait(page, "window.voxpipe.declared.system_prompt === undefined && !('vad' in window.voxpipe.declared)",
-             timeout_s=30, what="the defaults re-declared")
+        wait(page, "window.voxpipe.declared.system_prompt === undefined && !('vad' in window.voxpipe.declared)"
+                   " && !('end_of_turn' in window.voxpipe.declared)", timeout_s=30, what="the defaults re-declared")
         assert not until(page, "true", "the screen")["talkVisible"]
         assert not errors, errors
 

@@ -250,7 +250,12 @@ function onEvent(ev) {
   switch (ev.type) {
     case "session.started":
       if (ev.session_id !== vp.sessionId) newSession(ev.session_id);
-      log(`← session.started ${ev.session_id} in ${JSON.stringify(ev.input)} out ${JSON.stringify(ev.output)}`);
+      log(`← session.started ${ev.session_id} in ${JSON.stringify(ev.input)} out ${JSON.stringify(ev.output)}`
+          + ` · turns end by ${ev.end_of_turn}${ev.eagerness ? ` (eagerness ${ev.eagerness})` : ""}`);
+      if (vp.declared && vp.declared.end_of_turn && vp.declared.vad !== false
+          && ev.end_of_turn !== vp.declared.end_of_turn) {
+        log(`the server ends turns by ${ev.end_of_turn}: it has no end-of-turn model`, "error");
+      }
       break;
     case "speech.started":
       userSpeaking = true;

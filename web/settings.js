@@ -1,10 +1,14 @@
 // voxpipe browser demo, settings: what the person may choose of the session (system
-// prompt, language, push-to-talk, reply audio rate; docs/PROTOCOL.md `session.start`),
+// prompt, language, end of turn and eagerness, push-to-talk, reply audio rate;
+// docs/PROTOCOL.md `session.start`),
 // kept in the browser's localStorage and applied by the next session.start.
 
 const KEY = "voxpipe.settings";
-export const DEFAULTS = { systemPrompt: "", language: "", pushToTalk: false, outputRate: "auto" };
+export const DEFAULTS = { systemPrompt: "", language: "", pushToTalk: false, outputRate: "auto", endOfTurn: "",
+                          eagerness: "" };
 const RATES = ["auto", "16000", "22050", "24000", "48000"];
+const RULES = ["", "silence", "smart-turn"];
+const EAGERNESS = ["", "auto", "low", "medium", "high"];
 
 export function loadSettings() {
   let saved = {};
@@ -15,6 +19,8 @@ export function loadSettings() {
   }
   const s = { ...DEFAULTS, ...saved };
   if (!RATES.includes(String(s.outputRate))) s.outputRate = "auto";
+  if (!RULES.includes(s.endOfTurn)) s.endOfTurn = "";
+  if (!EAGERNESS.includes(s.eagerness)) s.eagerness = "";
   return s;
 }
 
@@ -35,6 +41,8 @@ export function sessionFields(s, contextRate) {
   if (s.systemPrompt.trim()) f.system_prompt = s.systemPrompt.trim();
   if (s.language.trim()) f.language = s.language.trim().toLowerCase();
   if (s.pushToTalk) f.vad = false;
+  if (s.endOfTurn) f.end_of_turn = s.endOfTurn;
+  if (s.eagerness) f.eagerness = s.eagerness;
   return f;
 }
 
@@ -46,12 +54,16 @@ export function bindSettingsForm(settings, onSave) {
     language: form.elements.language,
     pushToTalk: form.elements["push-to-talk"],
     outputRate: form.elements["output-rate"],
+    endOfTurn: form.elements["end-of-turn"],
+    eagerness: form.elements.eagerness,
   };
   const show = () => {
     fields.systemPrompt.value = settings.systemPrompt;
     fields.language.value = settings.language;
     fields.pushToTalk.checked = settings.pushToTalk;
     fields.outputRate.value = String(settings.outputRate);
+    fields.endOfTurn.value = settings.endOfTurn;
+    fields.eagerness.value = settings.eagerness;
   };
   show();
   form.onsubmit = (e) => {
@@ -66,6 +78,8 @@ export function bindSettingsForm(settings, onSave) {
     fields.language.value = lang;
     settings.pushToTalk = fields.pushToTalk.checked;
     settings.outputRate = fields.outputRate.value;
+    settings.endOfTurn = fields.endOfTurn.value;
+    settings.eagerness = fields.eagerness.value;
     const kept = saveSettings(settings);
     form.querySelector(".saved").textContent = kept ? "saved" : "saved for this page only (storage is off)";
     onSave(settings);
