@@ -88,6 +88,12 @@ class Interruptions:
         spoken_over = (reply is current and reply.running) or (current is None and reply.completed)
         return spoken_over and self.policy.classify(text, over.speech_ms, language) == "words"
 
+    def spoken_over(self, turn: object) -> bool:
+        """Speech turn ``turn`` began over a reply and no partial has decided it yet (words
+        that cancelled the reply make it a turn like any other)."""
+        over = self._over.get(turn)
+        return over is not None and over.outcome is None
+
     def forget(self, turn: object) -> None:
         """Speech turn ``turn`` is continued by words: it is no longer a turn over a reply."""
         self._over.pop(turn, None)

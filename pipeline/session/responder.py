@@ -275,6 +275,9 @@ class Responder:
             for i in range(0, len(audio), step):
                 await self._playing.wait()  # paused: the rest waits here, from this chunk on
                 await self._pace()
+                while not self._playing.is_set():  # paused while it waited for its turn to go out
+                    await self._playing.wait()
+                    await self._pace()
                 first = "first_audio" not in self.timings
                 if first:
                     await self._released()

@@ -305,9 +305,11 @@ class TurnRunner:
         """The speech paused (``t_end``: when it stopped, ``time.perf_counter()`` s;
         ``drop_tail``: samples since, beyond ``pad_ms``): decode the final transcript and
         start the reply now, held back until the turn really ends. Only when nothing else
-        is in progress and admission would take the turn now."""
+        is in progress (no reply, nor one all sent and still playing: speech over it may be
+        a backchannel) and admission would take the turn now."""
         turn = self.asr
-        if turn is None or self._held is not None or not self.machine.may_speculate(busy=self.turn_state.busy):
+        if turn is None or self._held is not None or self.barge.spoken_over(turn) \
+                or not self.machine.may_speculate(busy=self.turn_state.busy):
             return
         since_end_ms = (time.perf_counter() - t_end) * 1000 + self.cfg.end_silence_ms - self.cfg.early_end_ms
         if self.gate.check(spoken=True, since_end_ms=since_end_ms, key=turn, count=False,
