@@ -7,9 +7,11 @@ Classes:
 - ``complete``: a complete sentence (a whole clip, or one sentence of a two-sentence clip).
 - ``pause``: a sentence with a thinking pause of :data:`PAUSES_S` inserted at a mid-sentence
   phrase boundary; the clip's own gap there is removed, so the silence heard is the pause.
-- ``backchannel``: a complete sentence, then, while its reply plays, "yeah", "mm-hm", "okay"
+- ``backchannel``: a complete sentence, then, while its reply plays, "yeah", "I see", "okay"
   or "right" — synthesised with the repository's Piper voice (the test clips hold none),
-  resampled to 16 kHz with soxr.
+  resampled to 16 kHz with soxr. Not "mm-hm": Piper spells it out letter by letter (as it
+  does "mhm", "mm", "uh-huh"), which Whisper then hears as words ("and then make them", "M.
+  H. M.") and a listener would not take for a backchannel either.
 - ``interruption``: a complete sentence, then, while its reply plays, real speech (a clip's
   first phrase, e.g. "go forward ten meters").
 - ``noise``: a complete sentence, then, while its reply plays, a non-speech burst: seeded
@@ -40,7 +42,7 @@ PAUSES_S = (0.6, 0.8, 1.0, 1.2, 1.5)
 """Thinking pauses inserted mid-sentence (s)."""
 BURST_DELAY_S = (0.5, 1.5)
 """A burst starts this long after the reply's first audio (s, uniform, seeded)."""
-BACKCHANNELS = ("Yeah.", "Mm-hm.", "Okay.", "Right.")
+BACKCHANNELS = ("Yeah.", "I see.", "Okay.", "Right.")
 BACKCHANNEL_PACE = (1.0, 1.3)
 """Piper ``length_scale`` values: each word is spoken at both paces, slowed or hurried further
 when that puts it outside :data:`BACKCHANNEL_S`."""
