@@ -26,7 +26,7 @@ from tests.import_graph import (
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("audio", "pipeline", "server", "clients", "cli", "bench")
-INFRA = {"pipeline.config", "pipeline.config_fields", "pipeline.serving_config", "pipeline.worker", "pipeline.errors",
+INFRA = {"pipeline.config", "pipeline.config_fields", "pipeline.serving_config", "pipeline.turn_config", "pipeline.worker", "pipeline.errors",
          "pipeline.fault_rules", "pipeline.metrics", "pipeline.model_files", "pipeline.cpu_share", "pipeline"}
 INFRA_ROOMS = ("serving",)  # pure serving policies (admission, ...): beside the infrastructure
 STAGES = ("asr", "llm", "tts", "eot")

@@ -64,7 +64,12 @@ async def test_speech_that_resumes_at_once_still_continues_the_turn():
         seen = await h.play([Start(), Audio(tone(1200)), Audio(silence(600)), WaitFor(ev.SpeechStopped),
                              Audio(tone(1200)), Audio(silence(600)), WaitFor(ev.SpeechStopped, 2)])
         ids = [e.turn_id for e in of(seen, ev.SpeechStarted)]
-        assert len(ids) == 2 and ids[0] == ids[1]
+        assert len(ids) == 2
+        if ids[0] != ids[1]:  # its short reply was all sent and still played: held until words, then merged
+            seen = await h.play([WaitFor(ev.ResponseStarted, 2)])
+            final = of(seen, ev.TranscriptFinal)[-1]
+            assert final.turn_id == ids[1]
+            assert len(final.text.split()) >= 2 * len(FakeAsr.words(tone(1200))), final.text
     finally:
         await h.close()
 
