@@ -76,7 +76,7 @@ class Player:
             self._stream = sd.OutputStream(samplerate=sample_rate, channels=1, dtype="int16",
                                            device=device, callback=self._callback)
         except Exception as exc:  # noqa: BLE001 - PortAudioError and friends
-            raise DeviceError(f"cannot open the speaker: {_one_line(exc)}") from None
+            raise _open_failed("speaker", "output", device, exc) from None
 
     @property
     def latency_s(self) -> float:
@@ -151,8 +151,30 @@ def open_microphone(sample_rate: int, on_pcm16: Callable[[bytes], None], device=
                                 blocksize=sample_rate // 50, callback=lambda d, *_: on_pcm16(bytes(d)))
         stream.start()
     except Exception as exc:  # noqa: BLE001 - PortAudioError and friends
-        raise DeviceError(f"cannot open the microphone: {_one_line(exc)}") from None
+        raise _open_failed("microphone", "input", device, exc) from None
     return stream
+
+
+NO_DEVICES = "no audio devices (is a sound server such as PulseAudio or PipeWire running?)"
+"""What a machine with no sound card and no sound server gets, from ``--list-devices`` too."""
+
+
+def _open_failed(what: str, kind: str, device, exc: BaseException) -> DeviceError:
+    """The error for a ``what`` (speaker, microphone) that would not open: in plain words when
+    none was named and the machine has no ``kind`` ("input", "output") device at all (PortAudio
+    then says "Error querying device -1"), else PortAudio's words."""
+    if device is None:
+        key = "max_input_channels" if kind == "input" else "max_output_channels"
+        try:
+            devices = _devices()
+        except DeviceError:
+            devices = []
+        if not devices:
+            return DeviceError(f"cannot open the {what}: {NO_DEVICES}")
+        if not any(d.get(key, 0) > 0 for d in devices):
+            return DeviceError(f"cannot open the {what}: no audio {kind} device (voxpipe mic --list-devices "
+                               "shows the devices)")
+    return DeviceError(f"cannot open the {what}: {_one_line(exc)}")
 
 
 def _one_line(exc: BaseException) -> str:
@@ -214,7 +236,7 @@ def list_devices() -> str:
     except Exception:  # noqa: BLE001 - no default device: none marked
         apis, default_in, default_out = [], -1, -1
     if not devices:
-        raise DeviceError("no audio devices (is a sound server such as PulseAudio or PipeWire running?)")
+        raise DeviceError(NO_DEVICES)
     lines = []
     for i, d in enumerate(devices):
         mark = ("<" if i == default_in else " ") + (">" if i == default_out else " ")

@@ -315,7 +315,8 @@ def _gguf(args) -> str | None:
         return str(args.compare_llamacpp)
     from pipeline import model_files
 
-    return str({"qwen": model_files.qwen_gguf, "smollm2": model_files.smollm2_gguf}[args.llm]())
+    return str({"qwen": model_files.qwen_gguf, "qwen1.5b": model_files.qwen15_gguf,
+                "smollm2": model_files.smollm2_gguf}[args.llm]())
 
 
 def main(args) -> int:

@@ -16,6 +16,7 @@ import asyncio
 import json
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 from bench.parrot import overlap, parrots, words
@@ -80,13 +81,16 @@ class Row:
     replies: list[Reply] = field(default_factory=list)
 
 
-def messages_for(engine, framing: Framing, text: str) -> list[dict]:
-    """The first turn's chat messages for ``text`` as the session builds them (within the
-    context budget of :class:`LlmConfig`, counted with ``engine``'s tokenizer)."""
+def messages_for(engine, framing: Framing, text: str, turns: Sequence[tuple[str, str]] = ()) -> list[dict]:
+    """The chat messages for ``text`` as the session builds them (within the context budget of
+    :class:`LlmConfig`, counted with ``engine``'s tokenizer): the first turn, or the turn after
+    the earlier (user, assistant) exchanges ``turns``."""
     from pipeline.session.history import ChatHistory
 
     cfg = LlmConfig()
     history = ChatHistory(framing.system or "", examples=framing.examples)
+    for user, assistant in turns:
+        history.add_turn(user, assistant)
     msgs = history.prompt(text, engine.count_tokens, cfg.max_context_tokens - cfg.max_new_tokens)
     return msgs if framing.system is not None else msgs[1:]
 

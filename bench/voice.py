@@ -118,7 +118,7 @@ async def _turn(ws: Any, clip: Path, timeout_s: float) -> AskResult:
     return await Turn(ws, output_rate=OUTPUT_RATE).run(frames, timeout_s=timeout_s)
 
 
-async def _conversation(url: str, clips: list[Path], session: int, out: list[TurnRow], *, t0: float,
+async def run_conversation(url: str, clips: list[Path], session: int, out: list[TurnRow], *, t0: float,
                         turns: int | None, deadline: float | None, timeout_s: float = 120.0) -> None:
     """One session: one connection, ``clips`` cycled, until ``turns`` turns are taken or
     ``deadline`` (perf_counter s) has passed. A turn with no reply event, a timeout, a
@@ -144,7 +144,7 @@ async def _conversation(url: str, clips: list[Path], session: int, out: list[Tur
                            clips[(max(k, 1) - 1) % len(clips)].name, error=type(exc).__name__))
 
 
-def _scrape(http: str) -> str | None:
+def scrape_metrics(http: str) -> str | None:
     """The server's ``/metrics`` page, or None if it did not answer."""
     try:
         with urllib.request.urlopen(http + "/metrics", timeout=5) as r:
@@ -175,7 +175,7 @@ async def _sample_rss(http: str, stop: asyncio.Event, samples: list[float], ever
     """Append the server's RSS (MiB) from ``/metrics`` every ``every_s`` s until ``stop``
     (scraped in a thread: the event loop keeps pacing the audio)."""
     while not stop.is_set():
-        rss = metric_sum(await asyncio.to_thread(_scrape, http), RSS_METRIC)
+        rss = metric_sum(await asyncio.to_thread(scrape_metrics, http), RSS_METRIC)
         if rss is not None:
             samples.append(rss / 2**20)
         try:
@@ -195,7 +195,7 @@ async def _workload(url: str, http: str, orders: list[list[Path]], turns: int | 
     t0 = time.perf_counter()
     deadline = t0 + duration_s if duration_s is not None else None
     try:
-        await asyncio.gather(*(_conversation(url, order, k, rows, t0=t0, turns=turns, deadline=deadline)
+        await asyncio.gather(*(run_conversation(url, order, k, rows, t0=t0, turns=turns, deadline=deadline)
                                for k, order in enumerate(orders)))
     finally:
         span = time.perf_counter() - t0
@@ -219,10 +219,10 @@ def run_mode(args: argparse.Namespace, mode: str, orders: list[list[Path]], extr
     http = f"http://127.0.0.1:{port}"
     proc = start_server(args.llm, port, extra, log=_mode_log(args.server_log, mode, args.compare_cache))
     try:
-        before = _scrape(http)
+        before = scrape_metrics(http)
         rows, span, rss = asyncio.run(_workload(f"ws://127.0.0.1:{port}/ws", http, orders, args.turns,
                                                 args.duration))
-        after = _scrape(http)
+        after = scrape_metrics(http)
         rss += [v / 2**20 for v in (metric_sum(after, RSS_METRIC),) if v is not None]
     finally:
         stop_server(proc)

@@ -106,10 +106,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     replies_bench_arguments(bsub.add_parser("replies", help="do replies answer or parrot? parrot rate per model "
                                                             "and chat framing on bench/prompts.tsv"))
+    from bench.quality import add_arguments as quality_bench_arguments
+
+    quality_bench_arguments(bsub.add_parser("quality", help="are replies right, short and on point? fact accuracy, "
+                                                            "rules, parrots and an LLM judge on bench/quality_set.tsv"))
+    from bench.tools import add_arguments as tools_bench_arguments
+
+    tools_bench_arguments(bsub.add_parser("tools", help="tool calling: right tool and arguments, false calls on "
+                                                        "chit-chat, the first token's cost of the tools, per model"))
     from bench.turns import add_arguments as turns_bench_arguments
 
     turns_bench_arguments(bsub.add_parser("turns", help="turn-taking: thinking pauses, backchannels, interruptions "
                                                         "and noise over replies, per end-of-turn configuration"))
+    from bench.memory import add_arguments as memory_bench_arguments
+
+    memory_bench_arguments(bsub.add_parser("memory", help="does the server grow conversation after conversation? "
+                                                          "RSS and each memory part after every one"))
     from bench.words import add_arguments as words_bench_arguments
 
     words_bench_arguments(bsub.add_parser("words", help="one-word turns (yeah, stop) heard per final-decode "
@@ -168,7 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
 BENCHES = {"asr": "bench.asr", "load": "bench.load", "quant": "bench.llm_quant", "silent": "bench.silent",
            "edge": "bench.edge", "ray": "bench.ray_overhead", "voice": "bench.voice", "replies": "bench.replies",
            "llm": "bench.llm", "roof": "bench.roof", "eot": "bench.eot", "turns": "bench.turns",
-           "words": "bench.words"}
+           "words": "bench.words", "tools": "bench.tools", "quality": "bench.quality", "memory": "bench.memory"}
 """``voxpipe bench NAME`` → the module whose ``main(args)`` runs it."""
 
 

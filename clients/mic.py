@@ -3,7 +3,8 @@
 The microphone's 20 ms frames go through the echo control (:mod:`clients.echo`) to the
 server; the reply's audio goes to the speaker, and its text is shown as it is played
 (:class:`ReplyView`: the position in the reply's audio, in characters). What the user sees is
-:class:`~clients.mic_console.Console`'s.
+:class:`~clients.mic_console.Console`'s; a reply's tool calls and their results get a line
+each (:mod:`clients.mic_tools`).
 
 Exit statuses of :func:`run_mic`: 0 (Ctrl+C: ``session.end``, close 1000), 1 (another
 error), 2 (an audio device or PortAudio problem, or ``--echo aec`` unavailable), 3 (no voxpipe
@@ -27,6 +28,7 @@ from audio.pcm import RATE
 from clients.client import EXIT_DENIED, access_denied, auth_headers, refused_session
 from clients.echo import BARGE_IN_DB, EchoControl, EchoUnavailable, make_echo_control
 from clients.mic_console import LISTENING, SPEAKING, SPEAKING_USER, THINKING, Console, latency_line
+from clients.mic_tools import tool_line
 
 __all__ = ["EXIT_BUSY", "EXIT_GONE", "Console", "ReplyView", "ServerGone", "list_devices_command", "run_mic"]
 
@@ -255,13 +257,15 @@ async def _converse(ws, player, mic_q: asyncio.Queue[bytes], console: Console, s
                 state["user"] = False
                 if current() is None:
                     console.state(THINKING)
+            elif kind == "transcript.final" and ev.get("unanswered"):  # a refused turn's words (its busy came)
+                console.say(f"you (not answered): {ev['text']}")
             elif kind == "transcript.final":
                 state["turn"] = ev.get("turn_id")
                 console.say(f"you: {ev['text']}")
                 if current() is None:
                     console.state(THINKING)
             elif kind == "turn.empty":
-                if ev.get("reason") != "restart":
+                if ev.get("reason") in ("no_speech", "no_words"):  # a backchannel or the echo: the reply goes on
                     console.say("voxpipe mic: (didn't catch that)")
                 if current() is None:
                     console.state(LISTENING)
@@ -291,6 +295,8 @@ async def _converse(ws, player, mic_q: asyncio.Queue[bytes], console: Console, s
                 r = replies.get(ev["response_id"])
                 if r is not None and not r.finished:
                     cut(r, CANCEL_REASONS.get(ev.get("reason"), str(ev.get("reason"))), ev.get("spoken_text", ""))
+            elif kind in ("tool.call", "tool.output"):
+                console.say(tool_line(ev))
             elif kind == "busy":
                 console.busy(ev)
                 if current() is None:

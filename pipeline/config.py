@@ -5,8 +5,8 @@ and ``voxpipe serve``'s flags are generated from these declarations (:mod:`cli.f
 names and placeholders in :func:`~pipeline.config_fields.flag` metadata). Each section checks
 its own fields (``validate``); :meth:`VoxpipeConfig.validate` runs them all, then the checks
 that span sections. The serving sections (admission, degradation, the server's edge) live in
-:mod:`pipeline.serving_config`, turn-taking in :mod:`pipeline.turn_config`; this module
-exports every section.
+:mod:`pipeline.serving_config`, turn-taking in :mod:`pipeline.turn_config`, tools in
+:mod:`pipeline.tools_config`; this module exports every section.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from dataclasses import dataclass, fields
 
 from pipeline.config_fields import check_ranges, flag, section
 from pipeline.serving_config import AdmissionConfig, DegradeConfig, ServerConfig, is_loopback
+from pipeline.tools_config import ToolsConfig
 from pipeline.turn_config import EAGERNESS, END_OF_TURN, TurnConfig
 
 
@@ -109,9 +110,12 @@ class AsrConfig:
 class LlmConfig:
     """The chat LLM."""
 
-    model: str = flag("qwen", name="--llm", metavar="NAME")
-    """``qwen``, ``smollm2``, a local transformers folder, or ``openai:URL[#MODEL]``: a running
-    OpenAI-compatible server, e.g. ``openai:http://127.0.0.1:8000/v1`` (:mod:`pipeline.llm.remote`)."""
+    model: str = flag("qwen1.5b", name="--llm", metavar="NAME")
+    """``qwen1.5b`` (Qwen2.5-Coder-1.5B-Instruct, the default: the best replies within the latency
+    budget, ``voxpipe bench quality`` and ``bench voice``, docs/BENCHMARKS.md issue 33), ``qwen``
+    (the 0.5B: faster, the fallback), ``smollm2``, a local transformers folder, or
+    ``openai:URL[#MODEL]``: a running OpenAI-compatible server, e.g.
+    ``openai:http://127.0.0.1:8000/v1`` (:mod:`pipeline.llm.remote`)."""
     device: str = flag("auto", name="--device")
     """``auto`` (cuda if present, else cpu-int4 on a CPU with native bf16, else cpu-fp32), ``cpu``
     (bf16), ``cpu-fp32``, ``cpu-int4``, ``cpu-int8`` (weight-only quantized linears, bf16
@@ -310,6 +314,7 @@ class VoxpipeConfig:
     admission: AdmissionConfig = section(AdmissionConfig, prefix="admission-")
     degrade: DegradeConfig = section(DegradeConfig, prefix="")
     server: ServerConfig = section(ServerConfig, prefix="")
+    tools: ToolsConfig = section(ToolsConfig, prefix="tool-")
 
     def validate(self) -> VoxpipeConfig:
         """Check every section, then what spans sections; returns self.
@@ -325,4 +330,4 @@ class VoxpipeConfig:
 
 
 __all__ = ["EAGERNESS", "END_OF_TURN", "AdmissionConfig", "AsrConfig", "DegradeConfig", "LlmConfig", "SchedulerConfig",
-           "ServerConfig", "TtsConfig", "TurnConfig", "VoxpipeConfig", "is_loopback"]
+           "ServerConfig", "ToolsConfig", "TtsConfig", "TurnConfig", "VoxpipeConfig", "is_loopback"]

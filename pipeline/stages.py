@@ -17,6 +17,7 @@ import numpy as np
 from pipeline.asr.types import AsrRequest, DecodeRequest, DecodeResult, Transcript
 from pipeline.llm.types import GenRequest, GenStats
 from pipeline.serving.types import StageLoad
+from pipeline.tools.types import ToolSpec
 from pipeline.tts.types import Speech
 
 
@@ -105,8 +106,9 @@ class LlmStage(Stage, Protocol):
         """
         ...
 
-    def count_tokens(self, messages: list[dict]) -> int:
-        """Prompt tokens of chat ``messages`` (may be slow: call it off the event loop)."""
+    def count_tokens(self, messages: list[dict], tools: tuple[ToolSpec, ...] = ()) -> int:
+        """Prompt tokens of chat ``messages`` with ``tools`` offered (may be slow: call it off
+        the event loop)."""
         ...
 
     def end_session(self, session: str) -> None:

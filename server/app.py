@@ -23,7 +23,7 @@ from pipeline.serving.admission import Admission
 from pipeline.serving.faults import FaultInjector
 from pipeline.serving.governor import Governor
 from pipeline.serving.loop_lag import LoopLag
-from pipeline.session.events import InputEnd, ResponseCancel, SessionEnd, SessionStart, TextInput
+from pipeline.session.events import InputEnd, ResponseCancel, SessionEnd, SessionStart, TextInput, ToolResultIn
 from pipeline.session.session import Session
 
 from .budget import MIN_FRAME_S, ClientBudget, Pace
@@ -31,7 +31,7 @@ from .edge import EdgeGuard
 from .http_front import HttpFront
 from .idle import FrameReader, IdleClient
 from .keepalive import keepalive
-from .openai_api import openai_app
+from .openai_front import openai_app
 from .outbox import SlowClient, WsOutbox
 from .protocol import ProtocolError, parse_client_event
 from .realtime.outbox import RealtimeOutbox
@@ -185,6 +185,7 @@ class VoxpipeServer:
         logger.info("session %s opened from %s", sid, ws.remote_address)
         alive: asyncio.Task | None = None
         idle: asyncio.Task | None = None
+        timed_out: asyncio.Event | None = None
         try:
             if not self.ready:
                 reason = "not_ready"
@@ -194,7 +195,10 @@ class VoxpipeServer:
             if wire is not None:
                 await wire.open()
             reader = FrameReader(ws, s.idle_timeout_s, lambda: session.turn_state.busy)
-            alive = asyncio.create_task(keepalive(ws, lambda: reader.last, s.keepalive_s, s.keepalive_s))
+            session.client_clock = lambda: reader.waited  # a server reading late does not make the client late
+            timed_out = asyncio.Event()  # the keepalive closed it: the close reason
+            alive = asyncio.create_task(keepalive(ws, lambda: reader.last, s.keepalive_s, s.keepalive_s,
+                                                  on_timeout=timed_out.set))
             idle = asyncio.create_task(reader.watch())
             while True:
                 message = await reader.recv()
@@ -219,7 +223,8 @@ class VoxpipeServer:
             await session.error("idle_timeout", f"no frame from the client for {s.idle_timeout_s:g} s; "
                                 "session closed", fatal=True)
         except ConnectionClosed:
-            pass
+            if timed_out is not None and timed_out.is_set():
+                reason = "keepalive"
         except SlowClient:
             reason = "slow_client"
         except Exception:
@@ -300,6 +305,8 @@ class VoxpipeServer:
             await session.end_input()
         elif isinstance(ev, TextInput):
             await session.text_input(ev.text)
+        elif isinstance(ev, ToolResultIn):
+            await session.tool_result(ev.call_id, ev.output)
         elif isinstance(ev, ResponseCancel):
             await session.cancel_response()
         elif isinstance(ev, SessionEnd):

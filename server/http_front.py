@@ -87,7 +87,7 @@ class HttpFront:
     connections handed to it.
 
     Args:
-        app: the ASGI application (:func:`server.openai_api.openai_app`).
+        app: the ASGI application (:func:`server.openai_front.openai_app`).
         max_connections: HTTP API connections open at once at most (0: no cap); one more is
             answered 503 with ``Retry-After`` and closed before it costs anything.
     """

@@ -33,14 +33,16 @@ class FrameReader:
         idle_s: seconds (0: no idle timeout).
         busy: whether a reply is in progress.
 
-    ``last`` is the loop time of the latest frame (or of the reader's creation); run
-    :meth:`watch` as a task beside the reading task while it reads.
+    ``last`` is the loop time of the latest frame (or of the reader's creation); ``waited``
+    the seconds :meth:`recv` spent waiting for frames to come (not those already there).
+    Run :meth:`watch` as a task beside the reading task while it reads.
     """
 
     def __init__(self, ws: ServerConnection, idle_s: float, busy: Callable[[], bool]) -> None:
         self.ws, self.idle_s, self.busy = ws, idle_s, busy
         self._loop = asyncio.get_running_loop()
         self.last = self._loop.time()
+        self.waited = 0.0
         self._waiting: asyncio.Task | None = None  # the task awaiting recv, if one is
         self._fired = False
 
@@ -48,6 +50,7 @@ class FrameReader:
         """The next frame (text or bytes); raises :class:`IdleClient` (see the class) or
         ``ConnectionClosed``."""
         self._waiting = asyncio.current_task()
+        t0 = self._loop.time()
         try:
             message = await self.ws.recv()
         except asyncio.CancelledError:
@@ -57,6 +60,7 @@ class FrameReader:
             raise
         finally:
             self._waiting = None
+            self.waited += self._loop.time() - t0
         self.last = self._loop.time()
         return message
 

@@ -22,15 +22,18 @@ CLOSE_KEEPALIVE = 1011
 """Close code when the peer answered nothing (as websockets' own keepalive uses)."""
 
 
-async def keepalive(ws, last_frame: Callable[[], float], interval_s: float, timeout_s: float) -> None:
+async def keepalive(ws, last_frame: Callable[[], float], interval_s: float, timeout_s: float,
+                    on_timeout: Callable[[], object] | None = None) -> None:
     """Ping ``ws`` every ``interval_s``; close it with 1011 when twice ``timeout_s`` pass
     with no pong and no frame read (``last_frame()``: loop time of the latest, from the
-    reader). Runs until the connection closes or the task is cancelled.
+    reader), calling ``on_timeout()`` first. Runs until the connection closes or the task
+    is cancelled.
 
     Args:
         ws: a websockets connection (``ping()``, ``close()``).
         last_frame: when the session's reader last got a frame (``loop.time()`` seconds).
         interval_s, timeout_s: seconds (> 0).
+        on_timeout: told that the keepalive closes the connection (the session's close reason).
     """
     loop = asyncio.get_running_loop()
     try:
@@ -41,6 +44,8 @@ async def keepalive(ws, last_frame: Callable[[], float], interval_s: float, time
             if await _answered(pong, last_frame, sent, timeout_s) or await _answered(pong, last_frame, sent, timeout_s):
                 continue  # a second chance: one late timer on a busy event loop must not close a live client
             logger.info("keepalive: no pong and no frame for %.0f s: closing", 2 * timeout_s)
+            if on_timeout is not None:
+                on_timeout()
             await ws.close(CLOSE_KEEPALIVE, "keepalive ping timeout")
             return
     except ConnectionClosed:

@@ -26,9 +26,7 @@ frees the batch slot at its next step.
 from __future__ import annotations
 
 import asyncio
-import http
 import json
-import logging
 import math
 import time
 import uuid
@@ -38,13 +36,9 @@ from pathlib import Path
 from typing import Any, cast
 
 from pydantic import ValidationError
-from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
-from websockets.datastructures import Headers
+from starlette.types import Receive, Scope, Send
 
 from pipeline import metrics
 from pipeline.errors import Busy
@@ -53,13 +47,12 @@ from pipeline.serving.breaker import State
 from pipeline.session.gate import TurnGate
 from pipeline.session.types import TurnHooks
 from pipeline.stages import TextStream
+from pipeline.tools.types import ToolCall, ToolSpec
 
-from .http_front import BODY_TIMEOUT_S, MAX_HEADER_BYTES
+from .http_front import BODY_TIMEOUT_S
 from .openai_schema import ApiError, ChatCompletionRequest, ErrorType
-from .plain_http import PlainConnection, plain_answer
+from .openai_tools import CompletionReader, call_delta
 from .types import ApiHost
-
-logger = logging.getLogger(__name__)
 
 HTTP_SESSION = "http-api"
 """The session id admission logs for HTTP API requests (they hold no session state)."""
@@ -68,7 +61,7 @@ CLIENT_GONE = 499
 OWNER = "voxpipe"
 """``owned_by`` of the listed model."""
 _FINISH = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length"}
-_STATUS_TYPE: dict[int, ErrorType] = {400: "invalid_request_error", 401: "authentication_error",
+STATUS_TYPE: dict[int, ErrorType] = {400: "invalid_request_error", 401: "authentication_error",
                                       403: "permission_error"}
 
 
@@ -97,7 +90,7 @@ def _json(status: int, body: dict[str, Any], headers: dict[str, str] | None = No
     return JSONResponse(body, status, headers={"Cache-Control": "no-store", **(headers or {})})
 
 
-def _error_response(exc: ApiError) -> JSONResponse:
+def error_response(exc: ApiError) -> JSONResponse:
     return _json(exc.status, exc.body(), exc.headers)
 
 
@@ -111,13 +104,15 @@ class _Admitted:
     id: str
     created: int
     model: str
+    tools: tuple[ToolSpec, ...] = ()
+    """The tools offered (none: the text is the answer as it is)."""
 
     def usage(self, stats: GenStats) -> dict[str, int]:
         prompt = stats.prompt_tokens or self.prompt_tokens
         return {"prompt_tokens": prompt, "completion_tokens": stats.output_tokens,
                 "total_tokens": prompt + stats.output_tokens}
 
-    def chunk(self, delta: dict[str, str], finish: str | None, usage: bool) -> bytes:
+    def chunk(self, delta: dict[str, Any], finish: str | None, usage: bool) -> bytes:
         body: dict[str, Any] = {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
                                 "model": self.model, "system_fingerprint": None,
                                 "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
@@ -266,7 +261,8 @@ class OpenAiApi:
         key = object()
         self._refuse_busy()
         messages = [m.as_chat() for m in req.messages]
-        chars = sum(len(m["content"]) for m in messages)
+        tools = req.tool_specs if req.choice != "none" else ()
+        chars = sum(len(m["content"]) for m in messages) + sum(len(json.dumps(t.parameters)) for t in tools)
         refusal = self.gate.check(spoken=False, since_end_ms=0.0, key=key, prompt_chars=chars)
         if refusal is not None:
             raise _refused(429 if refusal.reason == "rate_limited" else 503, refusal.message, refusal.reason,
@@ -274,10 +270,11 @@ class OpenAiApi:
         hooks = self.gate.hooks(key)
         try:
             llm = self.server.engines.llm
-            prompt = await asyncio.to_thread(llm.count_tokens, messages)
+            prompt = await asyncio.to_thread(llm.count_tokens, messages, tools)
             max_new = self._max_new(req, prompt)
             gen = GenRequest(messages=messages, max_new_tokens=max_new, temperature=req.temperature,
-                             top_p=req.top_p, seed=req.seed or 0, stop=req.stops, priority=PRIORITY_TEXT)
+                             top_p=req.top_p, seed=req.seed or 0, stop=req.stops, priority=PRIORITY_TEXT,
+                             tools=tools, tool_choice=req.choice if tools else "auto")
             try:
                 stream = llm.submit(gen)
             except Busy as exc:
@@ -289,7 +286,7 @@ class OpenAiApi:
             if hooks.on_end is not None:
                 hooks.on_end()
             raise
-        return _Admitted(stream, hooks, prompt, f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), self.model)
+        return _Admitted(stream, hooks, prompt, f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), self.model, tools)
 
     def _max_new(self, req: ChatCompletionRequest, prompt: int) -> int:
         """The completion's token limit: the client's, capped by the service level's
@@ -309,12 +306,15 @@ class OpenAiApi:
         """The whole ``chat.completion``; a client gone meanwhile aborts the generation."""
         gone = _abort_when_gone(receive, adm.stream)
         finished = False
+        reader = CompletionReader(adm.tools)
         try:
-            text = ""
+            text, first = "", True
             async for delta in adm.stream:
-                if not text and adm.hooks.on_end is not None:
+                if first and adm.hooks.on_end is not None:
                     adm.hooks.on_end()  # the client has its first token: no longer waiting
-                text += delta
+                first = False
+                text += "".join(p for p in reader.feed(delta) if isinstance(p, str))
+            text += "".join(p for p in reader.finish() if isinstance(p, str))
             finished = True
             if gone.done() and not gone.cancelled():  # aborted for a client that left: nobody to answer
                 raise ApiError(CLIENT_GONE, "the client closed the connection before the answer")
@@ -329,19 +329,27 @@ class OpenAiApi:
             if adm.hooks.on_end is not None:
                 adm.hooks.on_end()
         stats = adm.stream.stats
-        finish = _finish(stats)
+        finish = reader.finish_reason or _finish(stats)
         _observe(stats)
+        message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+        if reader.calls:
+            message.update(content=text or None, tool_calls=[c.to_openai() for c in reader.calls])
         return _json(200, {
             "id": adm.id, "object": "chat.completion", "created": adm.created, "model": adm.model,
             "system_fingerprint": None,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
-                         "logprobs": None, "finish_reason": finish}],
+            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
             "usage": adm.usage(stats)})
 
     async def _chunks(self, adm: _Admitted, include_usage: bool) -> AsyncIterator[bytes]:
         """The SSE events of a streamed completion, ``data: [DONE]`` last (an ``error``
         event instead when the generation fails)."""
         finished = False
+        reader = CompletionReader(adm.tools)
+
+        def chunks(parts: list[str | ToolCall]) -> list[bytes]:  # a call's index: its place among the calls
+            return [adm.chunk({"content": p} if isinstance(p, str) else call_delta(reader.calls.index(p), p), None,
+                              include_usage) for p in parts if p]
+
         try:
             yield adm.chunk({"role": "assistant", "content": ""}, None, include_usage)
             first = True
@@ -349,11 +357,13 @@ class OpenAiApi:
                 if first and adm.hooks.on_end is not None:
                     adm.hooks.on_end()
                 first = False
-                if delta:
-                    yield adm.chunk({"content": delta}, None, include_usage)
+                for chunk in chunks(reader.feed(delta)):
+                    yield chunk
+            for chunk in chunks(reader.finish()):
+                yield chunk
             finished = True
             stats = adm.stream.stats
-            finish = _finish(stats)
+            finish = reader.finish_reason or _finish(stats)
             _observe(stats)
             yield adm.chunk({}, finish, include_usage)
             if include_usage:
@@ -396,85 +406,3 @@ class _SseReply(Response):
         finally:
             gone.cancel()
             await cast(Any, self.chunks).aclose()  # (aborts the stream unless it finished)
-
-
-class _Front:
-    """The ASGI entry: the edge checks for ``/v1/...`` (OpenAI-style errors), metrics by
-    status, and — for a later request on a kept-alive API connection that is not for the
-    API — the server's plain answers (:meth:`~server.types.HttpHost.process_request`)."""
-
-    def __init__(self, app: ASGIApp, server: ApiHost) -> None:
-        self.app, self.server = app, server
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            return
-        path = scope["path"]
-        headers = Headers([(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]])
-        query = scope["query_string"].decode("latin-1")
-        if not path.startswith("/v1/") or path.rstrip("/") == "/v1/realtime":  # websockets' paths
-            await self._plain(scope, send, path, query)
-            return
-        endpoint = {"/v1/chat/completions": "chat_completions", "/v1/models": "models"}.get(
-            path, "model" if path.startswith("/v1/models/") else "other")
-        status = 500
-
-        async def counted(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        try:
-            if sum(len(k) + len(v) + 4 for k, v in scope["headers"]) > MAX_HEADER_BYTES:
-                err = ApiError(431, f"request headers over {MAX_HEADER_BYTES} bytes", code="headers_too_large")
-                await _error_response(err)(scope, receive, counted)
-                return
-            refusal = self.server.edge.check(path, query, headers)
-            if refusal is not None:
-                metrics.EDGE_REFUSALS.labels(refusal.reason).inc()
-                logger.info("refused %s from %s: %s", path[:100], scope.get("client"), refusal.message)
-                extra = {"WWW-Authenticate": 'Bearer realm="voxpipe"'} if refusal.status == 401 else None
-                err = ApiError(refusal.status, refusal.message, code=refusal.reason, headers=extra,
-                               type=_STATUS_TYPE.get(refusal.status, "invalid_request_error"))
-                await _error_response(err)(scope, receive, counted)
-                return
-            await self.app(scope, receive, counted)
-        finally:
-            metrics.HTTP_API_REQUESTS.labels(endpoint, str(status)).inc()
-
-    async def _plain(self, scope: Scope, send: Send, path: str, query: str) -> None:
-        client = scope.get("client")
-        if scope["method"] != "GET":
-            resp = PlainConnection(client).respond(http.HTTPStatus.METHOD_NOT_ALLOWED, "method not allowed\n")
-        else:
-            resp = plain_answer(self.server, path, query, scope["headers"], client) or PlainConnection(
-                client).respond(http.HTTPStatus.BAD_REQUEST, "WebSocket upgrade on a new connection only\n")
-        body = bytes(resp.body or b"")
-        raw = [(k.lower().encode("latin-1"), v.encode("latin-1"))
-               for k, v in resp.headers.raw_items() if k.lower() != "content-length"]
-        await send({"type": "http.response.start", "status": resp.status_code,
-                    "headers": [*raw, (b"content-length", str(len(body)).encode())]})
-        await send({"type": "http.response.body", "body": body})
-
-
-def openai_app(server: ApiHost) -> ASGIApp:
-    """The ASGI app of the HTTP API over ``server``."""
-    api = OpenAiApi(server)
-
-    async def http_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, HTTPException)
-        return _error_response(ApiError(exc.status_code, str(exc.detail),
-                                        type=_STATUS_TYPE.get(exc.status_code, "invalid_request_error"),
-                                        code="not_found" if exc.status_code == 404 else None))
-
-    async def api_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, ApiError)
-        return _error_response(exc)
-
-    app = Starlette(routes=[
-        Route("/v1/models", api.models, methods=["GET"]),
-        Route("/v1/models/{model_id:path}", api.model_info, methods=["GET"]),
-        Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
-    ], exception_handlers={HTTPException: http_error, ApiError: api_error})
-    return _Front(app, server)

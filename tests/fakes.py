@@ -22,6 +22,7 @@ from pipeline.engines import Engines
 from pipeline.errors import Busy
 from pipeline.llm.types import FinishReason, GenRequest, GenStats
 from pipeline.serving.types import StageLoad
+from pipeline.tools.toolbox import Toolbox
 from pipeline.tts.types import Speech
 
 WORD_LEVEL = 0.05
@@ -245,8 +246,8 @@ class FakeLlm(_Stage):
     def end_session(self, session: str) -> None:
         self.ended_sessions.append(session)
 
-    def count_tokens(self, messages: list[dict]) -> int:
-        return sum(len(str(m["content"]).split()) + 4 for m in messages)
+    def count_tokens(self, messages: list[dict], tools: tuple = ()) -> int:
+        return sum(len(str(m["content"]).split()) + 4 for m in messages) + 20 * len(tools)
 
     active = 0
     slots = 8
@@ -311,10 +312,11 @@ class FakeEot(_Stage):
 
 
 def fake_engines(*, asr: FakeAsr | None = None, llm: FakeLlm | None = None, tts: FakeTts | None = None,
-                 vad: FakeVad | None = None, eot: FakeEot | None = None) -> Engines:
+                 vad: FakeVad | None = None, eot: FakeEot | None = None, tools: Toolbox | None = None) -> Engines:
     """:class:`Engines` over fakes (defaults for any not given; no end-of-turn model unless
-    ``eot``)."""
-    return Engines(vad=vad or FakeVad(), asr=asr or FakeAsr(), llm=llm or FakeLlm(), tts=tts or FakeTts(), eot=eot)
+    ``eot``; server-side ``tools``, real ones, if given)."""
+    return Engines(vad=vad or FakeVad(), asr=asr or FakeAsr(), llm=llm or FakeLlm(), tts=tts or FakeTts(), eot=eot,
+                   tools=tools)
 
 
 class CharTokenizer:

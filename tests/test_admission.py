@@ -209,7 +209,7 @@ def busy_llm() -> FakeLlm:
     return llm
 
 
-async def test_a_refused_spoken_turn_costs_no_final_decode_no_tokenization_and_no_prefill():
+async def test_a_refused_spoken_turn_costs_no_urgent_decode_no_tokenization_and_no_prefill():
     llm, asr = busy_llm(), FakeAsr()
     counted: list[int] = []
     original = llm.count_tokens
@@ -218,13 +218,16 @@ async def test_a_refused_spoken_turn_costs_no_final_decode_no_tokenization_and_n
     cfg.turn = TurnConfig(early_end_ms=200)
     h = Harness(engines=fake_engines(llm=llm, asr=asr), cfg=cfg, admission=Admission(cfg.admission))
     try:
-        seen = await h.play([Start(), Audio(tone(1500)), Audio(silence(1000)), WaitFor(ev.Busy)])
+        seen = await h.play([Start(), Audio(tone(1500)), Audio(silence(1000)), WaitFor(ev.Busy),
+                             WaitFor(ev.TranscriptFinal)])
         busy = [e for e in seen if isinstance(e, ev.Busy)]
         assert busy[0].reason == "queue" and busy[0].retry_after_ms > 0
         kinds = [type(e) for e in seen]
-        assert kinds.index(ev.SpeechStopped) < kinds.index(ev.Busy)
-        assert ev.TranscriptFinal not in kinds and ev.ResponseStarted not in kinds
-        assert not [r for r in asr.requests if getattr(r, "final", False)]  # no final decode
+        # the words come after the busy, unanswered (tests/test_refused_words.py)
+        assert kinds.index(ev.SpeechStopped) < kinds.index(ev.Busy) < kinds.index(ev.TranscriptFinal)
+        assert ev.ResponseStarted not in kinds
+        # no urgent final decode: the refused turn's transcript is decoded behind every other decode
+        assert all(r.background for r in asr.requests if getattr(r, "final", False) or getattr(r, "urgent", False))
         assert llm.requests == [] and counted == []  # no prefill, no tokenization
         assert h.admission is not None and (h.admission.admitted, h.admission.refused) == (0, 1)
         # the load passes: the next turn is answered, in the same session

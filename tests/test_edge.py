@@ -233,7 +233,10 @@ async def test_audio_faster_than_its_budget_is_slowed_never_dropped_and_never_sl
         assert [e["code"] for e in seen if e["type"] == "error"] == ["rate_limited", "bad_json"]
         busy = [e for e in seen if e["type"] == "busy"]
         assert len(busy) == 3 and {e["reason"] for e in busy} == {"rate_limited"}, busy
-        assert not [e for e in seen if e["type"] in ("response.started", "transcript.final")]
+        assert not [e for e in seen if e["type"] == "response.started"]
+        # a refused turn keeps only the words its partials committed: no decode is spent on it
+        assert not [e for e in seen if e["type"] == "transcript.final" and (e["source"], e["unanswered"]) !=
+                    ("partial", True)]
         await answered_once_within_budget(flood)
     waited = metrics.THROTTLED_SECONDS.labels("audio")._value.get() - throttled
     assert waited >= 3.0  # 20 s at 4x after a 1 s burst: (20 - 1) / 4 = 4.75 s, less the time spent reading
@@ -312,6 +315,7 @@ async def test_a_peer_that_answers_nothing_is_closed_by_the_keepalive():
     import base64
     import os
 
+    closed = metrics.SESSIONS_CLOSED.labels("keepalive")._value.get()
     async with fake_server(config(keepalive_s=0.5)) as srv:
         reader, writer = await asyncio.open_connection("127.0.0.1", srv.port)
         key = base64.b64encode(os.urandom(16)).decode()
@@ -334,6 +338,7 @@ async def test_a_peer_that_answers_nothing_is_closed_by_the_keepalive():
                 break
             await asyncio.sleep(0.05)
         assert srv.app.sessions == 0
+        assert metrics.SESSIONS_CLOSED.labels("keepalive")._value.get() == closed + 1  # not "client"
 
 
 # ---- idle sessions, close codes, compression ---------------------------------------------

@@ -28,8 +28,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("audio", "pipeline", "server", "clients", "cli", "bench")
 INFRA = {"pipeline.config", "pipeline.config_fields", "pipeline.serving_config", "pipeline.worker", "pipeline.errors",
          "pipeline.fault_rules", "pipeline.metrics", "pipeline.model_files", "pipeline.cpu_share", "pipeline",
-         "pipeline.turn_config"}
-INFRA_ROOMS = ("serving",)  # pure serving policies (admission, ...): beside the infrastructure
+         "pipeline.turn_config", "pipeline.tools_config", "pipeline.memory_parts"}
+INFRA_ROOMS = ("serving", "tools")  # pure policies (admission, ...; tool-call parsing): beside the infrastructure
 STAGES = ("asr", "llm", "tts", "eot")
 RANK = {"audio": 0, "infra": 1, "asr": 2, "llm": 2, "tts": 2, "eot": 2, "engines": 3, "session": 4, "server": 5,
         "clients": 6, "bench": 7, "cli": 8}

@@ -333,6 +333,10 @@ def test_the_fallback_llm_is_local_smollm2_under_a_remote_main_llm():
     from pipeline.engines import fallback_model
 
     assert fallback_model(VoxpipeConfig(llm=LlmConfig(model="openai:http://127.0.0.1:8000/v1#smollm2"))) == "smollm2"
+    # auto: the next smaller packaged model
+    assert fallback_model(VoxpipeConfig(llm=LlmConfig(model="qwen1.5b"))) == "qwen"
+    assert fallback_model(VoxpipeConfig(llm=LlmConfig(model="qwen"))) == "smollm2"
+    assert fallback_model(VoxpipeConfig(llm=LlmConfig(model="smollm2"))) is None
 
 
 async def test_slots_queue_busy_and_abort_on_a_stalled_server():

@@ -10,6 +10,7 @@ import asyncio
 import io
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -23,7 +24,8 @@ import audio.devices
 from clients.echo import GuardedCanceller, HalfDuplexGate, NoEchoControl, WebRtcEchoCanceller
 from clients.mic import EXIT_GONE, Console, ReplyView, _session, run_mic
 from clients.mic_console import latency_line
-from pipeline.config import VoxpipeConfig
+from pipeline.config import ToolsConfig, VoxpipeConfig
+from pipeline.engines import open_tools
 from tests.conftest import ROOT, free_port
 from tests.fake_audio import FakeSoundDevice, Room
 from tests.fake_server import fake_server, fake_server_thread
@@ -54,13 +56,13 @@ async def _until(pred, what: str, out: io.StringIO | None = None) -> None:
 
 
 async def _talk(engines, room: Room, script, *, echo: str = "off", live: bool = False,
-                turn: dict | None = None) -> str:
-    """Run the mic client against the real server over ``engines``; ``script(room, out)``
-    plays the human's part; returns what the client printed."""
+                turn: dict | None = None, cfg: VoxpipeConfig | None = None) -> str:
+    """Run the mic client against the real server over ``engines`` (and ``cfg``);
+    ``script(room, out)`` plays the human's part; returns what the client printed."""
     out = io.StringIO()
     console = Console(out, live=live)
     stop = asyncio.Event()
-    async with fake_server(engines=engines) as srv:
+    async with fake_server(cfg, engines=engines) as srv:
         task = asyncio.create_task(_session(srv.ws, None, None, console, echo=echo, stop=stop, turn=turn))
         await _until(lambda: "listening —" in out.getvalue() or task.done(), "the client listening", out)
         await script(room, out)
@@ -122,6 +124,29 @@ async def test_a_reply_cut_by_barge_in_shows_the_spoken_part(room):
     spoken = cut.removeprefix("voxpipe: ").removesuffix("(interrupted: you talked over it)").strip()
     assert long.startswith(spoken) and len(spoken) < len(long.strip())  # only what was spoken
     assert room.played_seconds(22050) < len(long) * 0.03 - 1  # the rest was not played
+
+
+async def test_tool_calls_and_their_results_get_a_line_each_as_they_happen(room):
+    """The model calls the calculator, then a tool that raises: a line for each call and
+    each result (the error said as one), in order, while the reply is made; the rest as before."""
+    block = '<tool_call>\n{"name": "calculate", "arguments": {"expression": "6*7"}}\n</tool_call>'
+    bad = '<tool_call>\n{"name": "explode", "arguments": {"reason": "on purpose"}}\n</tool_call>'
+    llm = FakeLlm([LlmReply.of("Let me see. ", block), LlmReply.of(bad), LlmReply.of("It is 42.")])
+    cfg = VoxpipeConfig(tools=ToolsConfig(plugin="tests.tool_plugins:TOOLS", builtin=("calculator",)))
+    text = await _talk(fake_engines(llm=llm, tts=FakeTts(s_per_char=0.02), tools=open_tools(cfg)), room, _ask,
+                       cfg=cfg)
+    lines = text.splitlines()
+    tools = [ln for ln in lines if ln.startswith("  tool")]  # in order (phrases played may come between)
+    assert len(tools) == 4 and tools[0] == '  tool: calculate(expression="6*7")', text
+    assert re.fullmatch(r'  tool: calculate -> \{"result": 42\} \(\d+ ms\)', tools[1]), text
+    assert tools[2] == '  tool: explode(reason="on purpose")', text
+    assert re.fullmatch(r"  tool error: explode failed: RuntimeError: exploded on purpose \(\d+ ms\)", tools[3])
+    i = lines.index(tools[0])
+    said = [ln for ln in lines if ln.startswith("voxpipe: ")]
+    assert " ".join(ln.removeprefix("voxpipe: ") for ln in said) == "Let me see. It is 42.", text  # no markup
+    you = next(k for k, ln in enumerate(lines) if ln.startswith("you: alpha bravo charlie"))
+    assert you < i < lines.index(said[-1]), text
+    assert lines[-1] == "[listening]"
 
 
 async def test_a_turn_without_words_says_didnt_catch_that(room):
@@ -312,7 +337,8 @@ def _one_line(r: subprocess.CompletedProcess, code: int, *words: str) -> None:
 
 def test_every_startup_failure_is_one_line_and_an_exit_status():
     with fake_server_thread() as srv:
-        _one_line(_voxpipe("mic", "--url", srv.ws, env=NO_AUDIO), 2, "cannot open the speaker")
+        _one_line(_voxpipe("mic", "--url", srv.ws, env=NO_AUDIO), 2, "cannot open the speaker: no audio devices",
+                  "PulseAudio")  # plain words, as --list-devices says it (not PortAudio's "device -1")
         _one_line(_voxpipe("mic", "--url", srv.ws.replace("/ws", "/nope")), 3, "HTTP 404", "/ws")
         _one_line(_voxpipe("mic", "--url", srv.ws, "--input-device", "no-such-mic", env=NO_AUDIO), 2, "no-such-mic")
     _one_line(_voxpipe("mic", "--url", f"ws://127.0.0.1:{free_port()}/ws"), 3, "no voxpipe server")
@@ -327,6 +353,20 @@ def test_a_speaker_that_fails_to_open_is_one_line(monkeypatch):
         assert run_mic(srv.ws, console=Console(out)) == 2
     assert out.getvalue() == "voxpipe mic: cannot open the speaker: Error opening output stream: Device " \
                              "unavailable [PaErrorCode -9996]\n"
+
+
+@pytest.mark.parametrize(("devices", "says"), [
+    ([], "cannot open the speaker: no audio devices (is a sound server such as PulseAudio or PipeWire running?)"),
+    ([{"name": "USB mic", "max_input_channels": 1, "max_output_channels": 0, "hostapi": 0}],
+     "cannot open the speaker: no audio output device (voxpipe mic --list-devices shows the devices)"),
+])
+def test_no_speaker_at_all_is_said_in_plain_words(monkeypatch, devices, says):
+    sd = FakeSoundDevice(devices=devices, fail_open="Error querying device -1")
+    monkeypatch.setattr(audio.devices, "_sd", lambda: sd)
+    out = io.StringIO()
+    with fake_server_thread() as srv:
+        assert run_mic(srv.ws, console=Console(out)) == 2
+    assert out.getvalue() == f"voxpipe mic: {says}\n"
 
 
 def test_ctrl_c_ends_the_session_normally(room, caplog):

@@ -33,6 +33,18 @@ from tests.wsclient import MODEL_DEADLINE_S, Client
 DEADLINE_S = 60.0
 TOKEN = "s3cret-token"
 HELLO = [{"role": "user", "content": "Say hello."}]
+MODEL = model_id(LlmConfig().model)  # what a fake server serves: the default model's name
+
+
+def nested(depth: int) -> dict:
+    """An object schema ``depth`` levels deep."""
+    schema: dict = {"type": "object"}
+    for _ in range(depth):
+        schema = {"type": "object", "properties": {"a": schema}}
+    return schema
+
+
+DEEP = nested(100)
 
 
 def client(base: str, api_key: str = "none") -> openai.AsyncOpenAI:
@@ -78,9 +90,9 @@ async def test_models_and_a_completion_over_fakes():
     async with fake_server(engines=fake_engines(llm=llm)) as srv:
         async with client(srv.http) as c:
             models = await c.models.list()
-            assert [(m.id, m.owned_by) for m in models.data] == [("qwen", "voxpipe")]
-            assert (await c.models.retrieve("qwen")).id == "qwen"
-            r = await c.chat.completions.create(model="qwen", messages=HELLO, max_tokens=5, temperature=0.5,
+            assert [(m.id, m.owned_by) for m in models.data] == [(MODEL, "voxpipe")]
+            assert (await c.models.retrieve(MODEL)).id == MODEL
+            r = await c.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=5, temperature=0.5,
                                                 top_p=0.9, seed=7, stop=["\n"], user="someone")  # user: ignored
             assert r.object == "chat.completion" and r.choices[0].message.content == "Hello!"
             assert r.choices[0].finish_reason == "stop"
@@ -91,7 +103,7 @@ async def test_models_and_a_completion_over_fakes():
             assert req.messages == [{"role": "user", "content": "Say hello."}]
             assert req.priority == PRIORITY_TEXT  # voice turns take free batch slots first
             chunks = [ch async for ch in await c.chat.completions.create(
-                model="qwen", messages=HELLO, stream=True, stream_options={"include_usage": True})]
+                model=MODEL, messages=HELLO, stream=True, stream_options={"include_usage": True})]
             assert chunks[0].choices[0].delta.role == "assistant"
             assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == "Hello!"
             assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "stop"
@@ -102,7 +114,7 @@ async def test_text_parts_developer_role_and_max_tokens_capped():
     llm = FakeLlm()
     cfg = VoxpipeConfig(llm=LlmConfig(max_new_tokens=20))
     async with fake_server(cfg, fake_engines(llm=llm)) as srv, client(srv.http) as c:
-        await c.chat.completions.create(model="qwen", max_completion_tokens=500, messages=[
+        await c.chat.completions.create(model=MODEL, max_completion_tokens=500, messages=[
             {"role": "developer", "content": "Be brief."},
             {"role": "user", "content": [{"type": "text", "text": "one"}, {"type": "text", "text": "two"}]}])
         assert llm.requests[-1].messages == [{"role": "system", "content": "Be brief."},
@@ -111,18 +123,35 @@ async def test_text_parts_developer_role_and_max_tokens_capped():
 
 
 @pytest.mark.parametrize("body, param", [
-    ({"model": "qwen", "messages": []}, "messages"),
-    ({"model": "qwen", "messages": [{"role": "tool", "content": "x"}]}, "messages.0.role"),
-    ({"model": "qwen", "messages": [{"role": "user"}]}, "messages.0.content"),
-    ({"model": "qwen", "messages": HELLO, "n": 2}, "n"),
-    ({"model": "qwen", "messages": HELLO, "temperature": 3}, "temperature"),
-    ({"model": "qwen", "messages": HELLO, "top_p": 0}, "top_p"),
-    ({"model": "qwen", "messages": HELLO, "max_tokens": 0}, "max_tokens"),
-    ({"model": "qwen", "messages": HELLO, "seed": 2**70, "temperature": 0.5}, "seed"),  # torch's seed overflows:
+    ({"model": MODEL, "messages": []}, "messages"),
+    ({"model": MODEL, "messages": [{"role": "function", "content": "x"}]}, "messages.0.role"),
+    ({"model": MODEL, "messages": [{"role": "user"}]}, "messages.0"),
+    ({"model": MODEL, "messages": [{"role": "tool", "content": "x"}]}, "messages.0"),  # no tool_call_id
+    ({"model": MODEL, "messages": [{"role": "user", "content": "x", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}, "messages.0"),
+    ({"model": MODEL, "messages": [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "[1]"}}]}]},
+     "messages.0.tool_calls.0.function.arguments"),
+    ({"model": MODEL, "messages": HELLO, "n": 2}, "n"),
+    ({"model": MODEL, "messages": HELLO, "temperature": 3}, "temperature"),
+    ({"model": MODEL, "messages": HELLO, "top_p": 0}, "top_p"),
+    ({"model": MODEL, "messages": HELLO, "max_tokens": 0}, "max_tokens"),
+    ({"model": MODEL, "messages": HELLO, "seed": 2**70, "temperature": 0.5}, "seed"),  # torch's seed overflows:
     # it failed the engine step, and with it every reply in the batch (voice sessions too)
-    ({"model": "qwen", "messages": HELLO, "stop": ["a", "b", "c", "d", "e"]}, "stop"),
-    ({"model": "qwen", "messages": HELLO, "logprobs": True}, "logprobs"),
-    ({"model": "qwen", "messages": HELLO, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"model": MODEL, "messages": HELLO, "stop": ["a", "b", "c", "d", "e"]}, "stop"),
+    ({"model": MODEL, "messages": HELLO, "logprobs": True}, "logprobs"),
+    ({"model": MODEL, "messages": HELLO, "tools": [{"type": "function", "function": {"name": "f"}}] * 2}, "tools"),
+    ({"model": MODEL, "messages": HELLO, "tools": [{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "object", "properties": {"x": {"type": "nonsense"}}}}}]}, "tools"),
+    ({"model": MODEL, "messages": HELLO, "tools": [{"type": "function", "function": {"name": "f g"}}]},
+     "tools.0.function.name"),
+    ({"model": MODEL, "messages": HELLO, "tools": [{"type": "function", "function": {"name": "f"}}],
+      "tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice"),
+    ({"model": MODEL, "messages": HELLO, "tool_choice": "required"}, "tool_choice"),
+    ({"model": MODEL, "messages": HELLO, "tools": [{"type": "function", "function": {  # 100 levels: was a 500
+        "name": "f", "parameters": DEEP}}]}, "tools"),
+    ({"model": MODEL, "messages": [*HELLO, {"role": "tool", "tool_call_id": "call_x", "content": "42"}]},
+     "messages"),  # answers no call
 ])
 async def test_invalid_requests_get_400_with_an_openai_error(body, param):
     llm = FakeLlm()
@@ -162,12 +191,12 @@ async def test_context_too_long_is_400_context_length_exceeded():
     llm = FakeLlm()  # counts a word as a token
     async with fake_server(cfg, fake_engines(llm=llm)) as srv, client(srv.http) as c:
         with pytest.raises(openai.BadRequestError) as info:
-            await c.chat.completions.create(model="qwen", messages=[{"role": "user", "content": "word " * 100}])
+            await c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "word " * 100}])
         assert info.value.code == "context_length_exceeded"
         with pytest.raises(openai.BadRequestError):  # fits, but not with the completion asked for
-            await c.chat.completions.create(model="qwen", max_tokens=16,
+            await c.chat.completions.create(model=MODEL, max_tokens=16,
                                             messages=[{"role": "user", "content": "word " * 50}])
-        await c.chat.completions.create(model="qwen", messages=[{"role": "user", "content": "word " * 50}])
+        await c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "word " * 50}])
         assert llm.requests[-1].max_new_tokens == 64 - 54  # what is left of the context
 
 
@@ -177,7 +206,7 @@ async def test_busy_server_answers_503_with_retry_after_before_any_work():
     cfg = VoxpipeConfig(admission=AdmissionConfig(slo_ms=500.0))
     async with fake_server(cfg, fake_engines(llm=llm)) as srv, client(srv.http) as c:
         with pytest.raises(openai.InternalServerError) as info:
-            await c.chat.completions.create(model="qwen", messages=HELLO)
+            await c.chat.completions.create(model=MODEL, messages=HELLO)
         resp = info.value.response
         assert resp.status_code == 503 and int(resp.headers["Retry-After"]) >= 1
         assert info.value.code == "queue" and llm.requests == []
@@ -201,7 +230,7 @@ async def test_http_connections_over_the_cap_get_503_and_the_cap_frees_up(caplog
             writer.write(get_models)
             assert (await asyncio.wait_for(reader.readline(), DEADLINE_S)).startswith(b"HTTP/1.1 200")
             held.append(writer)
-        answer = await raw(srv.port, post({"model": "qwen", "messages": HELLO}, Connection="keep-alive"))
+        answer = await raw(srv.port, post({"model": MODEL, "messages": HELLO}, Connection="keep-alive"))
         head, _, body = answer.partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 503") and b"Retry-After: 5" in head, answer
         assert json.loads(body)["error"]["code"] == "server_full"
@@ -217,7 +246,7 @@ async def test_http_connections_over_the_cap_get_503_and_the_cap_frees_up(caplog
             front = srv.app.http_front
             assert front is not None
             await until_true(lambda: len(front.state.connections) < 2, "a connection to close")
-            r = await c.chat.completions.create(model="qwen", messages=HELLO)
+            r = await c.chat.completions.create(model=MODEL, messages=HELLO)
             assert r.choices[0].message.content
         for w in held:
             w.close()
@@ -227,10 +256,10 @@ async def test_engine_queue_full_is_503():
     llm = FakeLlm([Busy("llm is busy: 64 requests already queued")])
     async with fake_server(engines=fake_engines(llm=llm)) as srv, client(srv.http) as c:
         with pytest.raises(openai.InternalServerError) as info:
-            await c.chat.completions.create(model="qwen", messages=HELLO, stream=True)
+            await c.chat.completions.create(model=MODEL, messages=HELLO, stream=True)
         assert info.value.response.status_code == 503 and info.value.code == "stage"
         assert "Retry-After" in info.value.response.headers
-        r = await c.chat.completions.create(model="qwen", messages=HELLO)  # the next one is served
+        r = await c.chat.completions.create(model=MODEL, messages=HELLO)  # the next one is served
         assert r.choices[0].message.content == "Okay."
 
 
@@ -240,15 +269,15 @@ async def test_open_llm_breaker_and_warm_up_are_503():
         guard = srv.app.governor.guards["llm"]
         guard.breaker.force_open(time.monotonic())
         with pytest.raises(openai.InternalServerError) as info:
-            await c.chat.completions.create(model="qwen", messages=HELLO)
+            await c.chat.completions.create(model=MODEL, messages=HELLO)
         assert info.value.code == "breaker" and int(info.value.response.headers["Retry-After"]) >= 1
         guard.breaker.reset(time.monotonic())
         srv.app.ready = False
         with pytest.raises(openai.InternalServerError) as info:
-            await c.chat.completions.create(model="qwen", messages=HELLO)
+            await c.chat.completions.create(model=MODEL, messages=HELLO)
         assert info.value.code == "not_ready" and llm.requests == []
         srv.app.ready = True
-        assert (await c.chat.completions.create(model="qwen", messages=HELLO)).choices[0].message.content
+        assert (await c.chat.completions.create(model=MODEL, messages=HELLO)).choices[0].message.content
 
 
 async def test_the_token_is_needed_and_is_the_api_key():
@@ -259,14 +288,14 @@ async def test_the_token_is_needed_and_is_the_api_key():
                 await c.models.list()
             assert info.value.response.headers["WWW-Authenticate"].startswith("Bearer")
             with pytest.raises(openai.AuthenticationError):
-                await c.chat.completions.create(model="qwen", messages=HELLO)
+                await c.chat.completions.create(model=MODEL, messages=HELLO)
         async with client(srv.http, api_key=TOKEN) as c:
-            assert (await c.chat.completions.create(model="qwen", messages=HELLO)).choices[0].message.content
+            assert (await c.chat.completions.create(model=MODEL, messages=HELLO)).choices[0].message.content
 
 
 async def test_other_sites_pages_and_hosts_are_refused():
     async with fake_server() as srv, httpx2.AsyncClient(base_url=srv.http) as h:
-        r = await h.post("/v1/chat/completions", json={"model": "qwen", "messages": HELLO},
+        r = await h.post("/v1/chat/completions", json={"model": MODEL, "messages": HELLO},
                          headers={"Origin": "http://evil.example"})
         assert r.status_code == 403 and r.json()["error"]["code"] == "origin"
         r = await h.get("/v1/models", headers={"Host": "evil.example"})
@@ -277,7 +306,7 @@ async def test_disconnect_mid_stream_aborts_the_generation():
     llm = FakeLlm(default=LlmReply.of(*["word "] * 200, delay_s=0.05))
     async with fake_server(engines=fake_engines(llm=llm)) as srv:
         async with client(srv.http) as c:
-            stream = await c.chat.completions.create(model="qwen", messages=HELLO, stream=True)
+            stream = await c.chat.completions.create(model=MODEL, messages=HELLO, stream=True)
             n = 0
             async for _ in stream:
                 n += 1
@@ -293,7 +322,7 @@ async def test_server_close_ends_open_http_connections():
     async with fake_server(engines=fake_engines(llm=llm)) as srv:
         c = client(srv.http)
         await c.models.list()  # a kept-alive idle connection
-        stream = await c.chat.completions.create(model="qwen", messages=HELLO, stream=True)
+        stream = await c.chat.completions.create(model=MODEL, messages=HELLO, stream=True)
         await anext(aiter(stream))
         idle = await asyncio.open_connection("127.0.0.1", srv.port)  # connected, nothing sent yet
     # the block closed the server: the stream in progress is cut and its generation aborted
@@ -347,10 +376,10 @@ async def test_garbage_huge_headers_and_early_close_leave_the_server_working():
         assert (await raw(srv.port, long_line)).startswith(b"HTTP/1.1 4")
         # closed mid-line, mid-head and mid-body
         for part in (b"POST /v1/chat", b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127",
-                     post({"model": "qwen", "messages": HELLO})[:-10]):
+                     post({"model": MODEL, "messages": HELLO})[:-10]):
             await raw(srv.port, part, close_after_write=True)
         async with client(srv.http) as c:
-            assert (await c.chat.completions.create(model="qwen", messages=HELLO)).choices[0].message.content
+            assert (await c.chat.completions.create(model=MODEL, messages=HELLO)).choices[0].message.content
         assert srv.app.sessions == 0
 
 

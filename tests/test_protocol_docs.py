@@ -97,6 +97,8 @@ SAMPLES: list[ev.ServerEvent] = [
     ev.ResponseCancelled(response_id=1, spoken_text="", reason="barge_in"),
     ev.ResponsePaused(response_id=1, reason="speech"),
     ev.ResponseResumed(response_id=1, paused_ms=780),
+    ev.ToolCallEvent(response_id=2, call_id="call_1f", name="set_timer", arguments={"minutes": 5}, runs_on="server"),
+    ev.ToolOutput(response_id=2, call_id="call_1f", name="set_timer", output='{"status": "set"}', ms=0.4),
     ev.TurnEmpty(turn_id=5, reason="backchannel"),
     ev.Busy(turn_id=3, reason="queue", retry_after_ms=1200, message="a reply now would take ~3200 ms, over the SLO"),
     ev.Busy(turn_id=4, reason="ladder", retry_after_ms=3000, message="llm ran out of memory twice"),

@@ -1,12 +1,14 @@
-"""Turn ids and the merge window (pure, with a scripted clock)."""
+"""Turn ids and the merge window (pure, with a scripted client clock: every frame comes now)."""
 
 from __future__ import annotations
 
 import gc
 import weakref
 
+import pytest
+
 from pipeline.config import TurnConfig
-from pipeline.session.turn_ids import MERGE_DETECT_SLACK_S, TurnIds
+from pipeline.session.turn_ids import MERGE_CLOCK_SLACK_S, TurnIds
 from pipeline.session.types import SpeechEnd
 
 RATE = 16000
@@ -16,7 +18,7 @@ class Clock:
     def __init__(self) -> None:
         self.t = 100.0
 
-    def __call__(self) -> float:
+    def __call__(self, sample: int = 0) -> float:
         return self.t
 
 
@@ -25,13 +27,13 @@ class Turn:
 
 
 def ids_with(clock: Clock, **turn) -> TurnIds:
-    return TurnIds(TurnConfig(**{"merge_window_ms": 2000, **turn}), clock=clock)
+    return TurnIds(TurnConfig(**{"merge_window_ms": 2000, **turn}), arrival=clock)
 
 
 def ended(ids: TurnIds, clock: Clock, start_s: float, end_s: float, reason: str = "silence") -> None:
-    """A speech turn from ``start_s`` to ``end_s`` of audio, ending now on ``clock``."""
+    """A speech turn from ``start_s`` to ``end_s`` of audio, its end come now on ``clock``."""
     ids.speech_started(int(start_s * RATE), continues=False)
-    ids.speech_ended(SpeechEnd(int(start_s * RATE), int(end_s * RATE), reason), clock())  # type: ignore[arg-type]
+    ids.speech_ended(SpeechEnd(int(start_s * RATE), int(end_s * RATE), reason))  # type: ignore[arg-type]
 
 
 def test_ids_count_up_across_spoken_and_typed_turns():
@@ -51,7 +53,7 @@ def test_continued_speech_keeps_the_turns_id_and_span_start():
     start = int(2.5 * RATE)
     assert ids.continues(start)
     assert ids.speech_started(start, continues=True) == 1
-    ids.speech_ended(SpeechEnd(start, int(3.0 * RATE), "silence"), clock())
+    ids.speech_ended(SpeechEnd(start, int(3.0 * RATE), "silence"))
     assert ids.span == (int(1.0 * RATE), int(3.0 * RATE)) and ids.end_t == clock.t
 
 
@@ -62,10 +64,11 @@ def test_the_merge_window_holds_in_the_audio_and_on_the_clock():
     ended(ids, clock, 1.0, 2.0)
     assert ids.continues(int(4.0 * RATE))  # 2 s after its end in the audio
     assert not ids.continues(int(4.0 * RATE) + 1)
-    clock.t += 2.0 + MERGE_DETECT_SLACK_S
+    clock.t += 0.5 + MERGE_CLOCK_SLACK_S  # late on the client's clock (a loaded client), by the slack
     assert ids.continues(int(2.5 * RATE))
     clock.t += 0.001  # close in the audio, long after on the clock: a client that stopped sending
     assert not ids.continues(int(2.5 * RATE))
+    assert ids.gaps(int(2.5 * RATE)) == (0.5, pytest.approx(clock.t - 100.0))
 
 
 def test_a_turn_the_client_closed_is_never_continued():

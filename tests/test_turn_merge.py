@@ -1,16 +1,23 @@
 """Which speech continues the latest turn: a refused turn that the user goes on with keeps
-its words; speech close in the audio but long after on the clock is a new turn.
+its words; speech close in the audio but long after on the client's clock is a new turn,
+and a server that reads frames late does not make the client late.
 Orchestration only: the session over scripted fakes (tests/fakes.py)."""
 
 from __future__ import annotations
+
+import asyncio
 
 import numpy as np
 
 from pipeline.config import TurnConfig, VoxpipeConfig
 from pipeline.serving.admission import Admission
 from pipeline.session import events as ev
+from pipeline.session.turn_ids import MERGE_CLOCK_SLACK_S
+from server.idle import FrameReader
 from tests.fakes import FakeAsr, FakeLlm, LlmReply, fake_engines, silence, tone
 from tests.session_harness import Audio, Harness, Sleep, Start, WaitFor, WaitUntil
+
+LATE_S = MERGE_CLOCK_SLACK_S + 1.5  # a client this late resumes a new turn (the audio gap is < 1 s)
 
 
 def of(seen, kind):
@@ -47,11 +54,33 @@ async def test_speech_close_in_the_audio_but_long_after_on_the_clock_is_a_new_tu
     try:
         seen = await h.play([Start(), Audio(tone(1200)), Audio(silence(600)), WaitFor(ev.ResponseStarted)])
         first = of(seen, ev.SpeechStarted)[0].turn_id
-        # the client stopped sending while it listened; 3.5 s later it speaks again, its
+        # the client stopped sending while it listened; LATE_S later it speaks again, its
         # audio resuming 600 ms after the last turn's end
-        seen = await h.play([Sleep(3.5), Audio(tone(1200)), Audio(silence(600)), WaitFor(ev.SpeechStarted, 2)])
+        seen = await h.play([Sleep(LATE_S), Audio(tone(1200)), Audio(silence(600)), WaitFor(ev.SpeechStarted, 2)])
         assert of(seen, ev.SpeechStarted)[-1].turn_id != first
         assert not [c for c in of(seen, ev.ResponseCancelled) if c.reason == "continued"]
+    finally:
+        await h.close()
+
+
+async def test_a_server_that_reads_the_frames_late_still_continues_the_turn():
+    """The same LATE_S on the clock, but the client's frames were there all along (a loaded
+    server read them late; its reader never waited): the client is on time and the speech
+    continues the turn, over the reply that speaks meanwhile."""
+    cfg = VoxpipeConfig()
+    cfg.turn = TurnConfig(early_end_ms=0, merge_window_ms=2000)
+    llm = FakeLlm(default=LlmReply.of("A long answer. ", "It goes on and on. " * 20, delay_s=0.05))
+    h = Harness(engines=fake_engines(llm=llm), cfg=cfg)
+    h.session.client_clock = lambda: 0.0  # as the server's FrameReader.waited: no wait for a frame
+    try:
+        seen = await h.play([Start(), Audio(tone(1200)), Audio(silence(600)), WaitFor(ev.ResponseStarted)])
+        first = of(seen, ev.SpeechStarted)[0].turn_id
+        seen = await h.play([Sleep(LATE_S), Audio(tone(1200)), Audio(silence(600)),
+                             WaitFor(ev.ResponseCancelled, where=lambda e: e.reason == "continued"),
+                             WaitFor(ev.ResponseStarted, 2)])
+        final = of(seen, ev.TranscriptFinal)[-1]
+        assert final.turn_id != first  # held over the audible reply as a turn of its own, then joined
+        assert len(final.text.split()) >= 2 * len(FakeAsr.words(tone(1200))) - 1, final.text  # both halves
     finally:
         await h.close()
 
@@ -164,7 +193,7 @@ async def test_a_new_turn_is_not_refused_for_its_own_sessions_earlier_reply():
                              WaitUntil(lambda: len(llm.requests) == 1, "the first turn's LLM request")])
         assert llm.depth == 1 and not of(seen, ev.Busy)
         first = of(seen, ev.SpeechStarted)[0].turn_id
-        seen = await h.play([Sleep(3.5), _one_frame(tone(1000), silence(900)),
+        seen = await h.play([Sleep(LATE_S), _one_frame(tone(1000), silence(900)),
                              WaitUntil(lambda: len(llm.requests) == 2, "the second turn's LLM request")])
         assert not of(seen, ev.Busy), of(seen, ev.Busy)
         assert [e.turn_id for e in of(seen, ev.SpeechStarted)] == [first, first + 1]  # a new turn
@@ -219,3 +248,27 @@ async def test_a_turn_continued_before_its_task_ran_can_still_speculate():
         assert len(of(seen, ev.ResponseStarted)) == 1
     finally:
         await h.close()
+
+
+class _Frames:
+    """A connection stand-in: ``recv`` gives the frames put in its queue, in order."""
+
+    def __init__(self) -> None:
+        self.q: asyncio.Queue[bytes] = asyncio.Queue()
+
+    async def recv(self) -> bytes:
+        return await self.q.get()
+
+
+async def test_the_readers_clock_counts_waits_for_the_client_not_frames_already_there():
+    ws = _Frames()
+    reader = FrameReader(ws, 0.0, lambda: False)  # type: ignore[arg-type]
+    for _ in range(3):  # frames the client sent while the server was busy: no wait to read them
+        ws.q.put_nowait(b"x")
+    for _ in range(3):
+        await reader.recv()
+    queued = reader.waited
+    asyncio.get_running_loop().call_later(0.3, ws.q.put_nowait, b"y")  # the client sends 0.3 s later
+    assert await reader.recv() == b"y"
+    assert reader.waited - queued >= 0.29  # the wait for the client counts …
+    assert queued < 0.29  # … frames already there do not (nothing awaited to read them)

@@ -496,7 +496,10 @@ def test_spoken_conversation_with_real_models_barge_in_and_a_server_restart(tmp_
                   "the whole clip's transcript and its reply heard", timeout_s=300)
         final = s["users"][-1]["text"]
         ref = manifest[JFK]["reference_transcript"]
-        assert len(s["users"]) == 1, s  # one bubble for the turn, pauses and all
+        merges = [ln for ln in (tmp_path / "serve1.log").read_text().splitlines() if "the latest turn (" in ln]
+        bubbles = [u["text"] for u in s["users"]]
+        why = "; ".join(ln.split("speech ", 1)[-1] for ln in merges)  # "continues … (0.64 s …, 0.92 s …)"
+        assert len(bubbles) == 1, f"{len(bubbles)} bubbles {bubbles}: {why}"  # one bubble for the turn, pauses and all
         assert "ask not what your country" in final.lower() or wer(ref, final) <= 0.3, final
         shots(page, "real-02-speaking")
 

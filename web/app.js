@@ -1,11 +1,12 @@
 // voxpipe browser demo: microphone → WebSocket (f32 at the AudioContext rate), live
 // transcripts, reply text and PCM16 reply audio back. Protocol: docs/PROTOCOL.md.
 // Modules: audio.js (context, microphone, playback, levels), protocol.js (the socket and
-// reconnection), ui.js (what is on screen), settings.js (saved choices).
+// reconnection), ui.js (what is on screen), settings.js (saved choices), tools.js (tool calls).
 
 import { makeContext, Mic, micErrorKind, ReplyPlayer } from "./audio.js";
 import { Connection } from "./protocol.js";
 import { bindSettingsForm, loadSettings, sessionFields } from "./settings.js";
+import * as tools from "./tools.js";
 import * as ui from "./ui.js";
 
 const { $, log } = ui;
@@ -31,6 +32,7 @@ const vp = (window.voxpipe = {
   audioSamplesReceived: 0,
   audioFramesDropped: 0, // frames of cancelled replies, not played
   underruns: 0, // reply chunks that arrived after the previous one had finished playing
+  toolCalls: [], // this session's tool calls: {response_id, call_id, name, arguments, runs_on, output, error, ms}
   responses: {}, // this session's replies: response_id -> {userText, text, frames, samples, playedSamples, done, cancelled}
   replyText: "", // text of the latest reply so far
   busy: [], // every refusal shown: {reason, retry_after_ms, message} (busy events, 503, close 1013)
@@ -175,6 +177,7 @@ function newSession(id) {
   vp.sessionId = id;
   vp.sessions++;
   vp.responses = {};
+  vp.toolCalls = [];
   views = new Map();
   turns = new Map();
   lastSpeechTid = 0;
@@ -281,8 +284,10 @@ function onEvent(ev) {
       t.final = true;
       t.finalText = ev.text;
       ui.showTranscript(t.el, ev.text, "", true);
-      ui.setMeta(t.el, `spoken · ${(ev.audio_ms / 1000).toFixed(1)} s${ev.language ? ` · ${ev.language}` : ""}`);
-      lastUser = t;
+      ui.setMeta(t.el, ev.unanswered // a refused turn's words (its busy came first): no reply follows
+        ? "not answered: the server was busy"
+        : `spoken · ${(ev.audio_ms / 1000).toFixed(1)} s${ev.language ? ` · ${ev.language}` : ""}`);
+      if (!ev.unanswered) lastUser = t;
       log(`← transcript.final: ${ev.text}`);
       break;
     }
@@ -323,6 +328,10 @@ function onEvent(ev) {
       r.held = null;
       log(`← response.resumed #${ev.response_id} after ${ev.paused_ms} ms`);
       break;
+    case "tool.call":
+    case "tool.output":
+      onTool(ev);
+      break;
     case "busy":
       thinking = false;
       busy(ev);
@@ -344,6 +353,20 @@ function onEvent(ev) {
       log(`← ${ev.type}`);
   }
   refresh();
+}
+
+// A reply's tool call, or its result: a line under the reply (tools.js) and vp.toolCalls.
+function onTool(ev) {
+  let call = vp.toolCalls.find((c) => c.call_id === ev.call_id);
+  if (!call) {
+    call = { response_id: ev.response_id, call_id: ev.call_id, name: ev.name, arguments: ev.arguments || {},
+             runs_on: ev.runs_on || "server", output: null, error: null, ms: null };
+    vp.toolCalls.push(call);
+  }
+  if (ev.type === "tool.output") Object.assign(call, { output: ev.output, error: ev.error ?? null, ms: ev.ms });
+  const v = views.get(ev.response_id);
+  if (v) (ev.type === "tool.call" ? tools.showToolCall : tools.showToolOutput)(v.el, ev);
+  log(tools.logLine(ev), ev.error ? "error" : "");
 }
 
 function onDone(ev) {

@@ -50,7 +50,10 @@ class AsrEngine(BatchWorker[DecodeRequest | AsrRequest, DecodeResult | Transcrip
 
     def priority(self, item: DecodeRequest | AsrRequest) -> int:
         """0 for a turn's final transcript (and the catch-up before it, and whole
-        utterances): the user is waiting for it; 1 for a partial update (best effort)."""
+        utterances): the user is waiting for it; 1 for a partial update (best effort); 2
+        for a background decode (a refused turn's transcript: nobody waits for a reply)."""
+        if isinstance(item, DecodeRequest) and item.background:
+            return 2
         return 1 if isinstance(item, DecodeRequest) and not (item.final or item.urgent) else 0
 
     def batch_limit(self, priority: int) -> int:

@@ -98,19 +98,21 @@ class AsrTurn:
             await self.on_partial(part)
         self._kick()  # audio is left over (it came faster than it was decoded): go on
 
-    async def _decode(self, *, final: bool, urgent: bool = False) -> Partial:
+    async def _decode(self, *, final: bool, urgent: bool = False, background: bool = False) -> Partial:
         # One request in flight per stream: a cancelled decode (the turn went on, or ended)
         # may still be unwinding when the next one starts; the lock makes the next wait
         # until the stream has forgotten the cancelled request.
         async with self._lock:
-            return await self._decode_locked(final=final, urgent=urgent)
+            return await self._decode_locked(final=final, urgent=urgent, background=background)
 
-    async def _decode_locked(self, *, final: bool, urgent: bool) -> Partial:
+    async def _decode_locked(self, *, final: bool, urgent: bool, background: bool = False) -> Partial:
         req = self.stream.request(final=final)
-        if urgent:
+        if background:
+            req = dataclasses.replace(req, background=True)
+        elif urgent:
             req = dataclasses.replace(req, urgent=True)
         try:
-            result = await self._run(req, urgent=req.final or req.urgent)
+            result = await self._run(req, urgent=(req.final or req.urgent) and not background)
         except BaseException:
             self.stream.cancel()
             raise
@@ -136,10 +138,12 @@ class AsrTurn:
         self.open = False
         self.stream.drop_tail(drop_tail)
 
-    async def finish(self) -> Partial:
+    async def finish(self, *, background: bool = False) -> Partial:
         """Decode the rest of the buffer and commit everything (after :meth:`end_input`).
         An update still in flight is dropped: if it has not reached the model yet, the
-        final decode takes its place in the next batch.
+        final decode takes its place in the next batch. ``background``: nobody waits for a
+        reply (a turn admission refused): its decodes go after every other request
+        (:attr:`DecodeRequest.background`).
 
         Raises:
             Busy: the engine queue is full.
@@ -152,13 +156,13 @@ class AsrTurn:
             self._task = None
         while not self.stream.fits_final():  # the buffer is behind: catch up first
             reached, cut = self.stream.decoded_s, self.stream.trimmed_s
-            await self._decode(final=False, urgent=True)
+            await self._decode(final=False, urgent=True, background=background)
             # progress: the request reached further, or the buffer was cut (a full
             # 27 s window then moves on by the cut, though it reaches no further yet)
             if self.stream.decoded_s <= reached and self.stream.trimmed_s <= cut:
                 logger.warning("asr: no progress catching up (%.1f s buffered)", self.stream.buffer_s)
                 break
-        return await self._decode(final=True)
+        return await self._decode(final=True, background=background)
 
     async def peek_final(self, *, drop_tail: int = 0) -> tuple[Partial, object, object]:
         """Speculative final transcript (the speech paused; the turn may be ending):
@@ -196,6 +200,12 @@ class AsrTurn:
         """The turn ended right where :meth:`peek_final` decoded it: its result is final."""
         self.open = False
         return self.stream.commit_final(req, result)
+
+    def committed(self) -> Partial:
+        """The words committed so far (LocalAgreement: what two decodes agreed on; no
+        unstable tail), without decoding anything."""
+        now = self.stream.partial()
+        return Partial(now.committed, "", now.committed, False, now.language)
 
     def reopen(self) -> None:
         """Speech resumed: continue this turn (its committed words stay)."""

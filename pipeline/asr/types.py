@@ -22,6 +22,9 @@ class DecodeRequest:
         urgent: on a turn's critical path (its speech ended: a catch-up before the final
             decode); final requests are always urgent. The ASR stage serves urgent
             requests before partial updates (:meth:`AsrEngine.priority`).
+        background: nobody waits for it (the final transcript of a turn that admission
+            refused, still told to its client): served after urgent requests and partial
+            updates alike.
     """
 
     audio: np.ndarray
@@ -31,6 +34,7 @@ class DecodeRequest:
     word_times: bool = False
     final: bool = False
     urgent: bool = False
+    background: bool = False
 
 
 @dataclass(slots=True, frozen=True)

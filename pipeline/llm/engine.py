@@ -23,7 +23,7 @@ from pipeline.config import LlmConfig, SchedulerConfig
 from pipeline.errors import Busy
 from pipeline.llm import memory
 from pipeline.llm.host import HostShare
-from pipeline.llm.input import InputProcessor, eos_token_ids
+from pipeline.llm.input import InputProcessor, eos_token_ids, reply_prefix
 from pipeline.llm.output import OutputProcessor, end_stream
 from pipeline.llm.prefix import PrefixCacheKeeper
 from pipeline.llm.runner.runner import ModelRunner
@@ -34,6 +34,7 @@ from pipeline.llm.types import FinishReason, GenRequest, StepPlan
 from pipeline.serving.faults import NO_FAULTS, FaultInjector, injected
 from pipeline.serving.ladder import free_cached_memory, is_oom
 from pipeline.serving.types import StageLoad
+from pipeline.tools.types import ToolSpec
 from pipeline.worker import MAX_OOM_RETRIES, CallGuard, name_native_thread
 
 if TYPE_CHECKING:
@@ -140,9 +141,9 @@ class LlmEngine:
         self._wake.set()
         return stream
 
-    def count_tokens(self, messages: list[dict]) -> int:
-        """Prompt tokens of ``messages`` under the model's chat template."""
-        return self.input.count_tokens(messages)
+    def count_tokens(self, messages: list[dict], tools: tuple[ToolSpec, ...] = ()) -> int:
+        """Prompt tokens of ``messages`` (with ``tools`` offered) under the model's chat template."""
+        return self.input.count_tokens(messages, tools)
 
     def end_session(self, session: str) -> None:
         """``session`` ended: its cached KV blocks go at the next step (thread-safe)."""
@@ -203,7 +204,7 @@ class LlmEngine:
             except Exception as exc:  # noqa: BLE001 - a bad request fails only itself
                 end_stream(stream, FinishReason.ERROR, exc)
                 continue
-            self.output.add(sched, stream, req.stop)
+            self.output.add(sched, stream, req.stop, reply_prefix(req))
             self.scheduler.add(sched)
 
     def _drain(self) -> Iterator[tuple[GenRequest, TokenStream]]:

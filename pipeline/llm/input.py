@@ -14,6 +14,8 @@ import math
 from typing import Any
 
 from pipeline.llm.types import GenRequest, SamplingParams, SchedRequest
+from pipeline.tools.render import forced_prefix, has_tool_messages, template_takes_tools, tool_prompt
+from pipeline.tools.types import ToolSpec
 
 
 def chat_prompt_ids(tokenizer: Any, messages: list[dict]) -> list[int]:
@@ -45,6 +47,16 @@ def check_sampling(req: GenRequest) -> None:
         raise ValueError(f"top_p must be in (0, 1], got {req.top_p!r}")
 
 
+def offered_tools(req: GenRequest) -> tuple[ToolSpec, ...]:
+    """The tools ``req`` offers the model (none with ``tool_choice="none"``)."""
+    return req.tools if req.tool_choice != "none" else ()
+
+
+def reply_prefix(req: GenRequest) -> str:
+    """The text ``req``'s reply is made to start with (its ``tool_choice`` forcing a call), or ''."""
+    return forced_prefix(req.tool_choice) if offered_tools(req) else ""
+
+
 class InputProcessor:
     """Turns requests into the scheduler's view, numbering them 1, 2, ...
 
@@ -59,21 +71,41 @@ class InputProcessor:
         self.tokenizer, self.eos_ids = tokenizer, eos_ids
         self.kv_budget, self.context = kv_budget, context
         self._rids = itertools.count(1)
+        self._native_tools: bool | None = None  # the template renders tools= (probed at first use)
 
-    def count_tokens(self, messages: list[dict]) -> int:
-        """Prompt tokens of ``messages`` under the model's chat template."""
-        return len(chat_prompt_ids(self.tokenizer, messages))
+    def count_tokens(self, messages: list[dict], tools: tuple[ToolSpec, ...] = ()) -> int:
+        """Prompt tokens of ``messages`` (with ``tools`` offered) under the model's chat template."""
+        return len(self.prompt_ids(messages, tools))
+
+    def prompt_ids(self, messages: list[dict], tools: tuple[ToolSpec, ...] = (), prefix: str = "") -> list[int]:
+        """The prompt's token ids: plain messages through :func:`chat_prompt_ids`; with tools
+        offered or tool messages in the conversation, through
+        :func:`~pipeline.tools.render.tool_prompt` (the template's own tool format when it has
+        one); ``prefix`` (:func:`~pipeline.tools.render.forced_prefix`) tokenized after it.
+
+        Raises:
+            ValueError: a ``tool_calls`` item whose ``arguments`` string is not JSON.
+        """
+        if not tools and not has_tool_messages(messages):
+            ids = chat_prompt_ids(self.tokenizer, messages)
+        else:
+            if self._native_tools is None:
+                self._native_tools = template_takes_tools(self.tokenizer)
+            ids = tool_prompt(self.tokenizer, messages, tools, native=self._native_tools)
+        if prefix:
+            ids = ids + list(self.tokenizer.encode(prefix, add_special_tokens=False))
+        return ids
 
     def process(self, req: GenRequest) -> SchedRequest:
         """The scheduler's view of ``req``: prompt ids, limits and sampling settings, with
         the next request id.
 
         Raises:
-            ValueError: bad sampling settings (:func:`check_sampling`), or a prompt that
-                can never fit (:meth:`check_fits`).
+            ValueError: bad sampling settings (:func:`check_sampling`), a prompt that can
+                never fit (:meth:`check_fits`), or malformed tool-call arguments in the messages.
         """
         check_sampling(req)
-        ids = chat_prompt_ids(self.tokenizer, req.messages)
+        ids = self.prompt_ids(req.messages, offered_tools(req), reply_prefix(req))
         self.check_fits(len(ids), req.max_new_tokens)
         return SchedRequest(rid=next(self._rids), prompt_ids=ids, max_new_tokens=req.max_new_tokens,
                             eos_ids=self.eos_ids, owner=req.session, sampling=SamplingParams.of(req),

@@ -21,7 +21,7 @@ logger = logging.getLogger(__name__)
 
 _CONVERT_LOCK = threading.Lock()
 
-LLM_CHOICES = ("qwen", "smollm2")
+LLM_CHOICES = ("qwen", "qwen1.5b", "smollm2")
 """Names accepted by ``--llm`` besides a local folder path."""
 
 
@@ -49,6 +49,8 @@ def _gguf_for(name: str) -> Path:
         return model_files.smollm2_gguf()
     if name == "qwen":
         return model_files.qwen_gguf()
+    if name == "qwen1.5b":
+        return model_files.qwen15_gguf()
     raise ValueError(f"unknown LLM {name!r}: use one of {LLM_CHOICES} or a local folder")
 
 

@@ -33,6 +33,7 @@ class RequestState:
     detok: IncrementalDetokenizer
     stops: StopStrings
     t_first: float | None = None
+    prefix: str = ""
 
     def count_token(self, req: SchedRequest, tok: int | None, now: float) -> None:
         """Update ``ttft_ms`` (at the first token: ``now`` − submission, ms) and
@@ -50,6 +51,8 @@ class RequestState:
         if not delta:
             return False
         delta = self.stops.feed(delta)
+        if self.prefix:  # the forced start of the reply goes out with its first text
+            delta, self.prefix = self.prefix + delta, ""
         if delta:
             self.stream.put(delta)
         return self.stops.stopped
@@ -72,11 +75,13 @@ class OutputProcessor:
         self.tokenizer = tokenizer
         self.live: dict[int, RequestState] = {}
 
-    def add(self, req: SchedRequest, stream: TokenStream, stop: list[str]) -> None:
+    def add(self, req: SchedRequest, stream: TokenStream, stop: list[str], prefix: str = "") -> None:
         """Follow ``req`` (its prompt counted in ``stream.stats.prompt_tokens``); ``stop``:
-        the strings that end its reply."""
+        the strings that end its reply; ``prefix``: text prefilled as the reply's start (a
+        forced tool call), put on the stream ahead of its first text."""
         stream.stats.prompt_tokens = len(req.prompt_ids)
-        self.live[req.rid] = RequestState(stream, IncrementalDetokenizer(self.tokenizer), StopStrings(stop))
+        self.live[req.rid] = RequestState(stream, IncrementalDetokenizer(self.tokenizer), StopStrings(stop),
+                                          prefix=prefix)
 
     def stream_of(self, rid: int) -> TokenStream | None:
         """The stream of request ``rid`` (None: not followed, or closed)."""
@@ -116,7 +121,7 @@ class OutputProcessor:
         if state is None:
             return
         if flush and reason is not FinishReason.ABORT:
-            tail = state.stops.feed(state.detok.flush()) + state.stops.flush()
+            tail = state.prefix + state.stops.feed(state.detok.flush()) + state.stops.flush()
             if tail:
                 state.stream.put(tail)
         st = state.stream.stats

@@ -25,11 +25,18 @@ loaded here. :class:`OpenAiLlm` implements :class:`~pipeline.stages.LlmStage` wi
   the fallback model, a stock line) apply. An aborted request reports nothing.
 - **Faults** (``--fault llm:...``) hit each request before it is sent, as a model step of
   the in-process engine.
+- **Tools** (``GenRequest.tools``) go to the server as ``tools``/``tool_choice`` (OpenAI's
+  format; earlier calls in ``messages`` with ``arguments`` as JSON strings); the
+  ``tool_calls`` it streams back (by ``index``: id and name, then pieces of ``arguments``)
+  are put together and come out after its text as ``<tool_call>`` blocks, the one format
+  every consumer reads (:class:`~pipeline.tools.reply.ToolReplyReader`):
+  :class:`~pipeline.llm.remote_calls.StreamedCalls`. Arguments that are not JSON are passed
+  on as they are: the reader reports a botched call.
 
-``GenStats``: ``ttft_ms`` from :meth:`submit` to the first text, ``tpot_ms`` the mean gap
-between text chunks after it, ``prompt_tokens``/``output_tokens`` from the server's
-``usage`` (asked for with ``stream_options.include_usage``; servers that ignore it: the
-prompt counted by :attr:`OpenAiLlm.counter`, output tokens = text chunks, one token per
+``GenStats``: ``ttft_ms`` from :meth:`submit` to the first text (or piece of a tool call),
+``tpot_ms`` the mean gap between chunks after it, ``prompt_tokens``/``output_tokens`` from
+the server's ``usage`` (asked for with ``stream_options.include_usage``; servers that ignore
+it: the prompt counted by :attr:`OpenAiLlm.counter`, output tokens = chunks, one token per
 chunk as vLLM, llama.cpp and transformers stream them).
 """
 
@@ -49,10 +56,13 @@ import openai
 from pipeline.config import VoxpipeConfig
 from pipeline.errors import Busy
 from pipeline.llm.counting import Counter, load_counter
+from pipeline.llm.remote_calls import StreamedCalls
 from pipeline.llm.stream import TokenStream
 from pipeline.llm.types import FinishReason, GenRequest, RemoteLlmError, RemoteLlmSpec, RemoteLlmUnavailable
 from pipeline.serving.faults import NO_FAULTS, FaultInjector
 from pipeline.serving.types import StageLoad
+from pipeline.tools.render import has_tool_messages, inline_tools, openai_tool_choice, wire_message
+from pipeline.tools.types import ToolSpec
 from pipeline.worker import CallGuard
 
 logger = logging.getLogger(__name__)
@@ -265,9 +275,12 @@ class OpenAiLlm:
         stream.bind(future)
         return stream
 
-    def count_tokens(self, messages: list[dict]) -> int:
-        """Prompt tokens of ``messages``: ``--tokenizer``'s chat template, else the estimate
-        of :func:`~pipeline.llm.counting.estimate_tokens`."""
+    def count_tokens(self, messages: list[dict], tools: tuple[ToolSpec, ...] = ()) -> int:
+        """Prompt tokens of ``messages`` with ``tools`` offered: ``--tokenizer``'s chat
+        template, else the estimate of :func:`~pipeline.llm.counting.estimate_tokens` (tools
+        and tool messages counted as Hermes' text: :func:`~pipeline.tools.render.inline_tools`)."""
+        if tools or has_tool_messages(messages):
+            messages = inline_tools(messages, tools)
         return self.counter(messages)
 
     def end_session(self, session: str) -> None:
@@ -300,13 +313,17 @@ class OpenAiLlm:
                     self._active -= 1
 
     def _params(self, req: GenRequest) -> dict[str, Any]:
-        params: dict[str, Any] = {"model": self.model, "messages": req.messages, "max_tokens": req.max_new_tokens,
+        messages = [wire_message(m) for m in req.messages]
+        params: dict[str, Any] = {"model": self.model, "messages": messages, "max_tokens": req.max_new_tokens,
                                   "temperature": req.temperature, "stream": True,
                                   "stream_options": {"include_usage": True}}
         if req.temperature > 0:
             params.update(top_p=req.top_p, seed=req.seed)
         if req.stop:
             params["stop"] = req.stop[:4]  # the OpenAI API takes up to 4 stop sequences
+        if req.tools:  # relayed: the server's calls come back as call blocks in the text (_request)
+            params["tools"] = [spec.to_openai() for spec in req.tools]
+            params["tool_choice"] = openai_tool_choice(req.tool_choice)
         return params
 
     async def _request(self, req: GenRequest, stream: TokenStream) -> None:
@@ -318,6 +335,7 @@ class OpenAiLlm:
         chunks = 0
         usage: Any = None
         finish: str | None = None
+        calls = StreamedCalls()
         try:
             if self.faults.active:
                 await asyncio.to_thread(self.faults.hit, "llm")  # a slow rule sleeps: not on this loop
@@ -326,17 +344,21 @@ class OpenAiLlm:
                 async for chunk in response:
                     usage = chunk.usage or usage
                     for choice in chunk.choices:
-                        text = choice.delta.content if choice.delta is not None else None
                         finish = choice.finish_reason or finish
-                        if not text:
+                        text = choice.delta.content if choice.delta is not None else None
+                        pieces = choice.delta.tool_calls if choice.delta is not None else None
+                        if not text and not pieces:
                             continue
-                        last = time.perf_counter()
+                        last = time.perf_counter()  # a piece of a call is output too (ttft, tpot, breaker)
                         if first is None:
                             first = last
                             st.ttft_ms = (last - stream.submitted) * 1000
                             self._record(last - t0, False)
                         chunks += 1
-                        stream.put(text)
+                        if pieces:
+                            calls.add(pieces)
+                        if text:
+                            stream.put(text)
         except asyncio.CancelledError:
             st.finish_reason = FinishReason.ABORT
             stream.end()
@@ -354,6 +376,8 @@ class OpenAiLlm:
             st.finish_reason = FinishReason.ERROR
             stream.end(error)
             return
+        if calls.calls:  # the server's tool calls, as call blocks after its text
+            stream.put(calls.text())
         if first is None:  # an empty reply: the call still succeeded
             self._record(time.perf_counter() - t0, False)
         st.output_tokens = int(getattr(usage, "completion_tokens", 0) or chunks)

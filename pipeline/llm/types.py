@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass, field
 
 from pipeline.config import LlmConfig
+from pipeline.tools.types import ToolSpec
 
 
 @dataclass(slots=True)
@@ -29,6 +30,14 @@ class GenRequest:
             reply) or :data:`PRIORITY_TEXT` (1: a text API client). While the batch is full,
             waiting requests take free slots lowest priority first, then by arrival
             (:meth:`~pipeline.llm.scheduler.Scheduler.schedule`).
+        tools: functions the model may call (the chat template's tool format, or Hermes'
+            written into the prompt: :func:`~pipeline.tools.render.tool_prompt`); its calls
+            come back in the text as ``<tool_call>{json}</tool_call>`` blocks
+            (:class:`~pipeline.tools.reply.ToolReplyReader` splits them out).
+        tool_choice: ``auto`` (the model decides), ``none`` (no tool offered), ``required``
+            (some call: the reply is made to start with ``<tool_call>``) or a tool's name (that
+            call); a forced start is part of the stream's text
+            (:func:`~pipeline.tools.render.forced_prefix`).
     """
 
     messages: list[dict]
@@ -39,6 +48,8 @@ class GenRequest:
     stop: list[str] = field(default_factory=list)
     session: str | None = None
     priority: int = 0
+    tools: tuple[ToolSpec, ...] = ()
+    tool_choice: str = "auto"
 
 
 PRIORITY_VOICE = 0

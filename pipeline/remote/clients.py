@@ -26,6 +26,7 @@ from pipeline.remote.errors import translate
 from pipeline.remote.stats import StatsCache, StatsPoller
 from pipeline.remote.types import RemoteStageName, ReplicaStats, StageUnavailable
 from pipeline.serving.types import StageLoad
+from pipeline.tools.types import ToolSpec
 from pipeline.tts.types import Speech
 
 logger = logging.getLogger(__name__)
@@ -183,15 +184,15 @@ class RemoteLlm(RemoteStage):
         with self._lock:
             self._open.discard(stream)
 
-    def count_tokens(self, messages: list[dict]) -> int:
-        """Prompt tokens of ``messages`` (a blocking call to a replica: off the event loop only).
+    def count_tokens(self, messages: list[dict], tools: tuple[ToolSpec, ...] = ()) -> int:
+        """Prompt tokens of ``messages`` with ``tools`` offered (a blocking call to a replica: off the event loop only).
 
         Raises:
             Busy, StageUnavailable: as for any call; TimeoutError: no answer within
                 :data:`COUNT_TIMEOUT_S` (e.g. every replica is restarting).
         """
         try:
-            return int(self.handle.count_tokens.remote(messages).result(timeout_s=COUNT_TIMEOUT_S))
+            return int(self.handle.count_tokens.remote(messages, tools).result(timeout_s=COUNT_TIMEOUT_S))
         except Exception as exc:
             raise translate(self.stage, exc) from exc
 

@@ -16,7 +16,7 @@ from ray.serve.handle import DeploymentHandle
 from audio.vad import SileroVad
 from pipeline import model_files
 from pipeline.config import VoxpipeConfig
-from pipeline.engines import Engines, fallback_model, load_eot
+from pipeline.engines import Engines, fallback_model, load_eot, open_tools
 from pipeline.remote.app import build_app
 from pipeline.remote.clients import RemoteAsr, RemoteLlm, RemoteStage, RemoteTts
 from pipeline.remote.settings import deployment_options, read_serve_config
@@ -89,7 +89,7 @@ def engines_from_handles(cfg: VoxpipeConfig, asr_handle: DeploymentHandle, llm_h
     stages: tuple[RemoteStage, ...] = (asr, llm, tts)
     for stage in stages:
         stage.poller.refresh(timeout_s=timeout_s)
-    engines = Engines(vad=vad, asr=asr, llm=llm, tts=tts, eot=load_eot(cfg))
+    engines = Engines(vad=vad, asr=asr, llm=llm, tts=tts, eot=load_eot(cfg), tools=open_tools(cfg))
     engines.start()
     return engines
 

@@ -37,6 +37,7 @@ from pipeline.remote.settings import STAGE_SECTIONS, config_from_user
 from pipeline.remote.types import INGRESS_NAME, RemoteStageName, ReplicaStats
 from pipeline.serving.faults import FaultInjector, injected
 from pipeline.serving.governor import TICK_S, Governor
+from pipeline.tools.types import ToolSpec
 from pipeline.tts.types import Speech
 
 logger = logging.getLogger(__name__)
@@ -188,9 +189,9 @@ class LlmReplica(_Replica):
         finally:
             stream.abort()  # a no-op once the reply ended; frees the batch slot otherwise
 
-    async def count_tokens(self, messages: list[dict]) -> int:
-        """Prompt tokens of chat ``messages`` under the model's template."""
-        return await asyncio.to_thread(self._engine().count_tokens, messages)
+    async def count_tokens(self, messages: list[dict], tools: tuple[ToolSpec, ...] = ()) -> int:
+        """Prompt tokens of chat ``messages`` with ``tools`` offered, under the model's template."""
+        return await asyncio.to_thread(self._engine().count_tokens, messages, tools)
 
     def end_session(self, session: str) -> None:
         """``session`` ended: its cached KV may go."""

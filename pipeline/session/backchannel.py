@@ -54,8 +54,9 @@ BACKCHANNELS: Mapping[str, tuple[str, ...]] = {
 }
 """Built-in backchannels per language (ISO 639-1 code → phrases, as people write them)."""
 
-Heard = Literal["nothing", "backchannel", "words"]
-"""What speech over a reply turned out to say: no words, only a backchannel, or words."""
+Heard = Literal["nothing", "backchannel", "echo", "words"]
+"""What speech over a reply turned out to say: no words, only a backchannel, the reply's own
+echo (:mod:`pipeline.session.echo_guard`), or words."""
 
 _SPLIT = re.compile(r"[\s,.;:!?¡¿…—–\"“”„«»()\[\]]+")
 _RUNS = re.compile(r"(.)\1+")

@@ -73,12 +73,15 @@ class BargeIn:
             return A.PAUSE
         return A.NONE
 
-    def partial(self, text: str, speech_ms: float, language: str | None = None) -> BargeAction:
+    def partial(self, text: str, speech_ms: float, language: str | None = None, *,
+                voiced_ms: float | None = None) -> BargeAction:
         """A partial transcript ``text`` of the speech in progress (``speech_ms`` long so far):
-        CANCEL on words (not a backchannel) once the speech lasted ``barge_in_min_ms``."""
+        CANCEL on words (not a backchannel) once the speech lasted ``barge_in_min_ms``. A
+        backchannel's length limit applies to ``voiced_ms`` (the speech up to its last voiced
+        window; None: ``speech_ms``): a partial often comes a second after a "yeah" ended."""
         if not self.candidate:
             return A.NONE
-        self.heard = self.classify(text, speech_ms, language)
+        self.heard = self.classify(text, speech_ms if voiced_ms is None else voiced_ms, language)
         if self.heard == "words" and speech_ms >= self.min_ms:
             self.candidate, self.paused_at = False, None
             return A.CANCEL

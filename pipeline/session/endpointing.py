@@ -71,6 +71,12 @@ class Endpointer:
         return self._start
 
     @property
+    def last_speech_end(self) -> int:
+        """Sample where the latest window with speech in it ended (the trailing silence of the
+        speech in progress starts there)."""
+        return self._last_speech_end
+
+    @property
     def in_speech(self) -> bool:
         """True between a confirmed :class:`SpeechStart` and its :class:`SpeechEnd`."""
         return self._confirmed

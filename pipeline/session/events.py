@@ -11,7 +11,7 @@ header + PCM16 (:func:`audio.frames.audio_frame`).
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -35,6 +35,20 @@ class _ClientEvent(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
 
 
+MAX_CLIENT_TOOLS = 32
+"""Most tools a client may declare in ``session.start``."""
+
+
+class ClientTool(_ClientEvent):
+    """A function the client offers (OpenAI's function tool, flattened as in the Realtime API)."""
+
+    type: Literal["function"] = "function"
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$", description="letters, digits, _ or -; at most 64")
+    description: str = Field("", max_length=2000)
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}},
+                                       description="JSON Schema of the arguments: an object schema")
+
+
 class SessionStart(_ClientEvent):
     """Start (or restart) a session and declare the audio formats."""
 
@@ -51,6 +65,10 @@ class SessionStart(_ClientEvent):
                           "complete (needs a server started with --end-of-turn smart-turn); null: the server's")
     eagerness: Eagerness | None = Field(
         None, description="smart-turn: how soon a turn ends (low waits longest); null: the server's")
+    tools: list[ClientTool] = Field(
+        default_factory=list, max_length=MAX_CLIENT_TOOLS,
+        description="functions the client runs itself: the model may call them (tool.call with runs_on "
+                    "'client'); the client answers each call with tool.result")
 
 
 class InputEnd(_ClientEvent):
@@ -74,6 +92,14 @@ class TextInput(_ClientEvent):
         return text
 
 
+class ToolResultIn(_ClientEvent):
+    """The result of a call the client ran (a ``tool.call`` with ``runs_on: "client"``)."""
+
+    type: Literal["tool.result"]
+    call_id: str = Field(min_length=1, max_length=64)
+    output: str = Field(max_length=MAX_TEXT_CHARS, description="the result as text (JSON or words), for the model")
+
+
 class ResponseCancel(_ClientEvent):
     """Stop the current reply."""
 
@@ -86,11 +112,12 @@ class SessionEnd(_ClientEvent):
     type: Literal["session.end"]
 
 
-ClientEvent = Annotated[SessionStart | InputEnd | TextInput | ResponseCancel | SessionEnd,
+ClientEvent = Annotated[SessionStart | InputEnd | TextInput | ToolResultIn | ResponseCancel | SessionEnd,
                         Field(discriminator="type")]
 """Any client → server event (a pydantic discriminated union on ``type``)."""
 
-CLIENT_EVENTS: tuple[type[BaseModel], ...] = (SessionStart, InputEnd, TextInput, ResponseCancel, SessionEnd)
+CLIENT_EVENTS: tuple[type[BaseModel], ...] = (SessionStart, InputEnd, TextInput, ToolResultIn, ResponseCancel,
+                                              SessionEnd)
 
 
 # ---- server → client --------------------------------------------------------------------
@@ -160,14 +187,28 @@ class TranscriptPartial(_ServerEvent):
     language: str | None
 
 
+TranscriptSource = Literal["asr", "partial"]
+"""Where a final transcript's words come from: ``asr``, the final decode of the whole
+utterance; ``partial``, only the words the partial transcripts had committed (a refused
+turn whose final decode the ASR stage had no room for: its last words may be missing)."""
+
+
 class TranscriptFinal(_ServerEvent):
-    """The turn's transcript; ``audio_ms`` is the utterance's length."""
+    """The turn's transcript; ``audio_ms`` is the utterance's length. A turn refused at its
+    end (``busy``, sent first) still gets one, ``unanswered``: no reply follows, and the
+    conversation history keeps its words as the user's (so the next reply knows them)."""
 
     type: Literal["transcript.final"] = "transcript.final"
     turn_id: TurnId
     text: str
     language: str | None
     audio_ms: int
+    unanswered: bool = Field(
+        default=False, description="the turn was refused (its busy came first): no reply follows; the history keeps "
+                                   "it as the user's words")
+    source: TranscriptSource = Field(
+        default="asr", description="asr: the final decode of the utterance; partial: only the words the partial "
+                                   "transcripts had committed (its last words may be missing)")
 
 
 class TurnEmpty(_ServerEvent):
@@ -175,8 +216,9 @@ class TurnEmpty(_ServerEvent):
 
     type: Literal["turn.empty"] = "turn.empty"
     turn_id: TurnId
-    reason: Literal["no_speech", "no_words", "backchannel", "restart"] = Field(
-        description="backchannel: only an acknowledgement (\"yeah\", \"mm-hm\") spoken over a reply, which goes on")
+    reason: Literal["no_speech", "no_words", "backchannel", "echo", "restart"] = Field(
+        description="backchannel: only an acknowledgement (\"yeah\", \"mm-hm\") spoken over a reply, which goes "
+                    "on; echo: the reply's own words, heard back through the client's microphone")
 
 
 class ResponseStarted(_ServerEvent):
@@ -209,6 +251,32 @@ class ResponseDone(_ServerEvent):
     output_tokens: int
     audio_s: float
     timings_ms: dict[str, float]
+
+
+class ToolCallEvent(_ServerEvent):
+    """The model called a tool while making reply ``response_id``: the server runs it
+    (``runs_on: "server"``, its ``tool.output`` follows) or waits for the client's
+    ``tool.result`` (``runs_on: "client"``)."""
+
+    type: Literal["tool.call"] = "tool.call"
+    response_id: int
+    call_id: str
+    name: str
+    arguments: dict[str, Any] = Field(description="checked against the tool's JSON Schema")
+    runs_on: Literal["server", "client"]
+
+
+class ToolOutput(_ServerEvent):
+    """A call's result as the model gets it: the server's tool's, or the client's
+    ``tool.result``; ``error`` when it failed (it raised, timed out, never answered)."""
+
+    type: Literal["tool.output"] = "tool.output"
+    response_id: int
+    call_id: str
+    name: str
+    output: str
+    error: str | None = None
+    ms: float = Field(ge=0, description="how long the call took (ms)")
 
 
 CancelReason = Literal["client", "barge_in", "continued", "new_turn", "restart", "error"]
@@ -245,8 +313,9 @@ class ResponseResumed(_ServerEvent):
 
 
 class Busy(_ServerEvent):
-    """A turn was refused before any work was spent on it (no final transcript, no
-    reply): try again after ``retry_after_ms``."""
+    """A turn was refused before any work was spent on its reply: try again after
+    ``retry_after_ms``. A spoken turn refused at its end keeps its words: its
+    ``transcript.final`` (``unanswered``) follows unless it had none."""
 
     type: Literal["busy"] = "busy"
     turn_id: TurnId
@@ -280,14 +349,14 @@ class Error(_ServerEvent):
 
 ServerEvent = Annotated[SessionStarted | SpeechStarted | SpeechStopped | TranscriptPartial | TranscriptFinal | TurnEmpty
                         | ResponseStarted | ResponseTextDelta | ResponseDone | ResponseCancelled | ResponsePaused
-                        | ResponseResumed | Busy | ServerStatus | Error,
+                        | ResponseResumed | ToolCallEvent | ToolOutput | Busy | ServerStatus | Error,
                         Field(discriminator="type")]
 """Any server → client event."""
 
 SERVER_EVENTS: tuple[type[BaseModel], ...] = (
     SessionStarted, SpeechStarted, SpeechStopped, TranscriptPartial, TranscriptFinal, TurnEmpty,
-    ResponseStarted, ResponseTextDelta, ResponseDone, ResponseCancelled, ResponsePaused, ResponseResumed, Busy,
-    ServerStatus, Error,
+    ResponseStarted, ResponseTextDelta, ResponseDone, ResponseCancelled, ResponsePaused, ResponseResumed,
+    ToolCallEvent, ToolOutput, Busy, ServerStatus, Error,
 )
 
 

@@ -25,6 +25,13 @@ CHARS_PER_SPEECH_S = 16
 """Transcript characters per second of speech (about 160 words a minute)."""
 
 
+NO_DECODE_REASONS: frozenset[str] = frozenset({"rate_limited", "ladder", "breaker"})
+"""Refusals after which a refused turn's final transcript is not decoded (its committed
+words are told instead): the client's audio is what costs (``rate_limited``), or the
+server is degraded (``ladder``: a stage ran out of memory; ``breaker``: for a spoken turn,
+the ASR stage is failing)."""
+
+
 class TurnGate:
     """Admission for one session's turns.
 
@@ -132,6 +139,16 @@ class TurnGate:
                 logger.debug("session %s: refused at %s, pending %d, critical %d", self.id, load, pending,
                              admission.critical(now))
         return refusal
+
+    def decodes_refused(self, refusal: Refusal, *, own_asr: int = 0) -> bool:
+        """Whether a spoken turn refused with ``refusal`` may still have its final
+        transcript decoded, at background priority (after every other decode): not after
+        the refusals in :data:`NO_DECODE_REASONS`, nor while other turns' final decodes wait
+        at the ASR stage (it is the stage short of time: the decode would only add to it).
+        ``own_asr``: as for :meth:`check`."""
+        if refusal.reason in NO_DECODE_REASONS:
+            return False
+        return self.engines.load(self.cfg).asr_waiting - own_asr <= 0
 
     def admitted_earlier(self, key: object = None, *, waited_ms: float = 0.0) -> None:
         """Count a turn admitted by an earlier look-ahead (a speculation already running;

@@ -22,7 +22,12 @@ class ChatHistory:
         slide_to: when the prompt outgrows the budget, the oldest turns are dropped until it
             fits in this fraction of it (0.75), not just under it.
 
-    Turns are stored as (user, assistant) pairs; :meth:`prompt` drops the oldest pairs
+    Turns are stored as (user, assistant) pairs; an empty assistant side is a user turn
+    that got no reply — a backchannel spoken over a reply, a spoken turn refused with
+    ``busy`` (:meth:`add_unanswered`) — and is rendered as that user message alone: the
+    next user message follows it directly (two user messages in a row; the chat templates
+    voxpipe ships, ChatML's, render them as they are), so the model sees the words in the
+    order they were said and a "what did I just say?" finds them. :meth:`prompt` drops the oldest pairs
     when the prompt is over the budget (tokens counted by the caller's tokenizer), and
     truncates the system prompt and the new user text when they alone do not fit.
 
@@ -52,20 +57,52 @@ class ChatHistory:
         """Record a finished (or interrupted: only what was spoken) exchange."""
         self.turns.append((user, assistant))
 
+    def add_unanswered(self, user: str) -> Exchange:
+        """Record a user turn that got no reply (refused with ``busy``); returns its entry,
+        for :meth:`forget`."""
+        entry = (user, "")
+        self.turns.append(entry)
+        return entry
+
+    def revise(self, entry: Exchange, user: str) -> Exchange:
+        """Replace the user words of ``entry`` (from :meth:`add_unanswered`), in its place,
+        with ``user`` (the turn's final transcript came); returns the new entry (``entry``
+        itself when it is no longer kept)."""
+        for i in range(len(self.turns) - 1, -1, -1):
+            if self.turns[i] is entry:
+                self.turns[i] = new = (user, entry[1])
+                return new
+        return entry
+
+    def forget(self, entry: Exchange) -> None:
+        """Drop ``entry`` (from :meth:`add_unanswered`; that very entry, not an equal one),
+        if it is still kept: the speech went on, and the turn will be recorded whole."""
+        for i in range(len(self.turns) - 1, -1, -1):
+            if self.turns[i] is entry:
+                del self.turns[i]
+                return
+
     def messages(self, user_text: str, turns: list[tuple[str, str]] | None = None, *,
-                 system: str | None = None, examples: bool = True) -> list[dict]:
-        """Chat messages: system, the example exchanges (unless ``examples`` is False), past
-        turns, then ``user_text``."""
+                 system: str | None = None, examples: bool = True, demos: Sequence[Exchange] = ()) -> list[dict]:
+        """Chat messages: system, the example exchanges and ``demos`` (this request's extra
+        examples, e.g. a worked tool call; none unless ``examples``), past turns, then
+        ``user_text``."""
         msgs = [{"role": "system", "content": self.system_prompt if system is None else system}]
-        for u, a in (*(self.examples if examples else ()), *(self.turns if turns is None else turns)):
+        shown = (*self.examples, *demos) if examples else ()
+        for u, a in (*shown, *(self.turns if turns is None else turns)):
+            if not u and not a:  # an unanswered turn whose words are not known yet
+                continue
             msgs.append({"role": "user", "content": u})
             if a:
                 msgs.append({"role": "assistant", "content": a})
         msgs.append({"role": "user", "content": user_text})
         return msgs
 
-    def prompt(self, user_text: str, count_tokens: Counter, budget: int) -> list[dict]:
-        """Messages for the next request that never count more than ``budget`` tokens.
+    def prompt(self, user_text: str, count_tokens: Counter, budget: int, *,
+               demos: Sequence[Exchange] = ()) -> list[dict]:
+        """Messages for the next request that never count more than ``budget`` tokens
+        (``demos``: extra example exchanges for this request, kept and dropped with the
+        examples).
 
         1. If the prompt is over ``budget``, the oldest turns are dropped until it fits
            in ``slide_to`` × ``budget`` (see the class docstring); dropped turns are
@@ -78,11 +115,11 @@ class ChatHistory:
            voice turn's reply should answer), starting at a word boundary when there is
            one. ``count_tokens`` is then called O(log len) times (bisection on characters).
         """
-        if self.turns and count_tokens(self.messages(user_text)) > budget:
+        if self.turns and count_tokens(self.messages(user_text, demos=demos)) > budget:
             target = int(budget * self.slide_to)
-            while self.turns and count_tokens(self.messages(user_text)) > target:
+            while self.turns and count_tokens(self.messages(user_text, demos=demos)) > target:
                 self.turns.pop(0)
-        msgs = self.messages(user_text)
+        msgs = self.messages(user_text, demos=demos)
         if count_tokens(msgs) <= budget:
             return msgs
         system = self.system_prompt

@@ -11,6 +11,7 @@ the reply completes.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import weakref
 from collections.abc import Callable, Coroutine
@@ -22,10 +23,13 @@ from pipeline.config import TurnConfig
 from pipeline.session import events as ev
 from pipeline.session.backchannel import Backchannels, Heard
 from pipeline.session.barge_in import BargeIn
+from pipeline.session.echo_guard import ECHO_LAG_S, is_echo
 from pipeline.session.history import ChatHistory
 from pipeline.session.replies import Replies, Reply
 from pipeline.session.turn_state import TurnState
 from pipeline.session.types import BargeAction
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -86,7 +90,8 @@ class Interruptions:
             return False
         reply, current = over.reply, self.replies.current
         spoken_over = (reply is current and reply.running) or (current is None and reply.completed)
-        return spoken_over and self.policy.classify(text, over.speech_ms, language) == "words"
+        return (spoken_over and self.policy.classify(text, over.speech_ms, language) == "words"
+                and not self._echo(reply, text, over.speech_ms))
 
     def spoken_over(self, turn: object) -> bool:
         """Speech turn ``turn`` began over a reply and no partial has decided it yet (words
@@ -116,11 +121,15 @@ class Interruptions:
         if action is BargeAction.PAUSE and reply is not None:
             await self._pause(reply)
 
-    def words_cancel(self, text: str, speech_ms: float, language: str | None) -> bool:
-        """A partial transcript of the speech in progress (``speech_ms`` long so far): True
-        when its words cancel the reply (the caller cancels it, :meth:`cancel`, or continues
-        the turn it answers)."""
-        return self.policy.partial(text, speech_ms, language) is BargeAction.CANCEL
+    def words_cancel(self, text: str, speech_ms: float, language: str | None, *,
+                     voiced_ms: float | None = None) -> bool:
+        """A partial transcript of the speech in progress (``speech_ms`` long so far,
+        ``voiced_ms`` of it voiced): True when its words cancel the reply (the caller cancels
+        it, :meth:`cancel`, or continues the turn it answers). The words the reply was
+        playing meanwhile (its echo) never do."""
+        if self._echo(self.replies.current or self.replies.playing_tail(), text, speech_ms):
+            return False
+        return self.policy.partial(text, speech_ms, language, voiced_ms=voiced_ms) is BargeAction.CANCEL
 
     async def cancel(self, turn: object, reason: ev.CancelReason = "barge_in") -> None:
         """Words over the reply (speech turn ``turn``'s): cancel it (``barge_in``), or only
@@ -153,7 +162,12 @@ class Interruptions:
             return None
         if over.outcome in ("cancelled", "continued"):  # its partial's words already did
             return "words"
-        heard, action = self.policy.final(text, over.speech_ms, language)
+        echo = self._echo(over.reply, text, over.speech_ms)  # the reply's own voice, back through a microphone
+        heard, action = self.policy.final("" if echo else text, over.speech_ms, language)
+        if echo:
+            heard = "echo"
+            metrics.ECHO_IGNORED.inc()
+            logger.info("reply %d: the speech over it was its own echo (%r): ignored", over.reply.rid, text[:80])
         if action is BargeAction.CANCEL and over.reply is self.replies.current:
             self._count(turn, "cancelled", over)
             self._forget_pause()
@@ -224,6 +238,15 @@ class Interruptions:
         if over is not None and over.outcome is None:
             over.outcome = outcome
             metrics.BARGE_INS.labels(outcome).inc()
+
+    @staticmethod
+    def _echo(reply: Reply | None, text: str, speech_ms: float) -> bool:
+        """``text``, heard over ``reply`` in speech ``speech_ms`` long until now, is the echo
+        of what the reply was playing meanwhile (:func:`~pipeline.session.echo_guard.is_echo`)."""
+        if reply is None or not text:
+            return False
+        now = time.perf_counter()
+        return is_echo(text, reply.responder.playing_between(now - speech_ms / 1000 - ECHO_LAG_S, now))
 
     def _ms(self) -> float:
         return self._clock() * 1000

@@ -23,6 +23,7 @@ from pipeline.serving.governor import Governor
 from pipeline.session import events as ev
 from pipeline.session.history import ChatHistory
 from pipeline.session.responder import Responder
+from pipeline.session.tools import SessionTools
 from pipeline.session.turn_state import TurnState
 from pipeline.session.types import Outbox, TurnHooks
 
@@ -102,8 +103,10 @@ class Replies:
 
     def __init__(self, *, engines: Engines, cfg: VoxpipeConfig, out: Outbox, history: ChatHistory,
                  turn_state: TurnState, spawn: Callable[..., asyncio.Task], session_id: str,
-                 times: ServiceTimes | None = None, governor: Governor | None = None) -> None:
+                 times: ServiceTimes | None = None, governor: Governor | None = None,
+                 tools: SessionTools | None = None) -> None:
         self.engines, self.cfg, self.out, self.history = engines, cfg, out, history
+        self.tools = tools
         self.governor = governor
         self.times = times
         self.turn_state, self._spawn, self.id = turn_state, spawn, session_id
@@ -145,7 +148,7 @@ class Replies:
         return Reply(Responder(rid=self._next_rid, engines=self.engines, cfg=self.cfg, out=out,
                                history=self.history, output_rate=self.output_rate, error=error,
                                on_audio_start=self.turn_state.audio_started, release=release,
-                               times=self.times, governor=self.governor, session_id=self.id))
+                               times=self.times, governor=self.governor, session_id=self.id, tools=self.tools))
 
     def run(self, reply: Reply, user_text: str, *, turn_id: int, t_end: float, asr_ms: float,
             hooks: TurnHooks | None = None) -> None:

@@ -9,9 +9,10 @@ was sent for playback, which is what the conversation history keeps.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Literal
 
 from audio.pcm import float_to_pcm16, resample
@@ -26,8 +27,11 @@ from pipeline.serving.governor import Governor
 from pipeline.serving.types import TurnPolicy
 from pipeline.session import events as ev
 from pipeline.session.history import ChatHistory
+from pipeline.session.tool_turn import ToolTurn
+from pipeline.session.tools import SessionTools
 from pipeline.session.types import Outbox, TurnHooks
 from pipeline.stages import LlmStage, TextStream
+from pipeline.tools.render import demo_exchange
 from pipeline.tts.chunker import SentenceChunker, speakable
 
 logger = logging.getLogger(__name__)
@@ -57,14 +61,19 @@ class Responder:
             token limits, the fallback model, a stock line) and where its voice-to-voice time
             goes (SLO adaptation). None: normal service.
         session_id: the session's id, on its LLM requests (its cached KV is released when it ends).
+        tools: the tools the model may call (:mod:`pipeline.session.tool_turn`); None or none
+            offered: a plain reply.
     """
 
     def __init__(self, *, rid: int, engines: Engines, cfg: VoxpipeConfig, out: Outbox, history: ChatHistory,
                  output_rate: int, error: Callable[[ev.ErrorCode, str], Awaitable[None]],
                  on_audio_start: Callable[[], object] | None = None,
                  release: asyncio.Event | None = None, times: ServiceTimes | None = None,
-                 governor: Governor | None = None, session_id: str | None = None) -> None:
+                 governor: Governor | None = None, session_id: str | None = None,
+                 tools: SessionTools | None = None) -> None:
         self.rid, self.engines, self.cfg, self.out = rid, engines, cfg, out
+        self.tools = tools
+        self.tool_turn: ToolTurn | None = None  # set while a reply with tools runs
         self.session_id = session_id
         self.governor = governor
         self.text_only = False  # TTS refused (its breaker) or failed a phrase: the reply lacks that audio
@@ -75,6 +84,7 @@ class Responder:
         self.started = False  # response.started was sent: the reply must end with done or cancelled
         self.hooks = TurnHooks()  # admission's callbacks for this reply's turn
         self.spoken: list[str] = []
+        self._spans: list[tuple[str, float, float]] = []  # each spoken phrase: where in the reply's audio (s)
         self.timings: dict[str, float] = {}
         self.audio_s = 0.0
         self._phrases: asyncio.Queue[str | None] = asyncio.Queue()
@@ -103,6 +113,15 @@ class Responder:
         time from the first chunk (``time.perf_counter()`` s; the pacing clock of
         :meth:`_pace`, shifted by pauses); None before any audio."""
         return None if self._t_play is None else self._t_play + self.audio_s
+
+    def playing_between(self, t0: float, t1: float) -> str:
+        """The text of the phrases the client plays (or will, or did) between ``t0`` and
+        ``t1`` (``time.perf_counter()`` s) by the pacing clock of :meth:`played_by`: those
+        whose audio overlaps that time, in order; empty before any audio."""
+        if self._t_play is None:
+            return ""
+        t = self._t_play
+        return " ".join(phrase for phrase, start, end in self._spans if t + start < t1 and t + end > t0)
 
     @property
     def paused(self) -> bool:
@@ -151,18 +170,27 @@ class Responder:
         policy = self._policy()
         llm = self._llm(policy)
         t0 = time.perf_counter()
-        messages = await asyncio.to_thread(self.history.prompt, user_text, llm.count_tokens,
-                                           policy.context_tokens - policy.max_new_tokens)
+        specs = self.tools.specs if self.tools is not None and policy.stock_line is None else ()
+        count = functools.partial(llm.count_tokens, tools=specs) if specs else llm.count_tokens
+        demo = demo_exchange(specs)
+        messages = await asyncio.to_thread(self.history.prompt, user_text, count,
+                                           policy.context_tokens - policy.max_new_tokens,
+                                           demos=(demo,) if demo is not None else ())
         asked = messages[-1]["content"]  # the user text as it fit the context budget
+        choice = self.tools.choice if specs and self.tools is not None else "auto"
+        request = GenRequest(messages=messages, max_new_tokens=policy.max_new_tokens, session=self.session_id,
+                             priority=PRIORITY_VOICE, tools=specs, tool_choice=choice)
         # may raise Busy: before response.started, so a refused reply leaves no open response
         try:
             stream: TextStream = stock_stream(policy.stock_line) if policy.stock_line is not None else \
-                llm.submit(GenRequest(messages=messages, max_new_tokens=policy.max_new_tokens, session=self.session_id,
-                                      priority=PRIORITY_VOICE))
+                llm.submit(request)
         finally:
             if self.hooks.on_submit is not None:
                 self.hooks.on_submit()
         self._stream = stream
+        if specs and self.tools is not None:
+            self.tool_turn = ToolTurn(llm=llm, request=request, tools=self.tools, cfg=self.cfg.tools, rid=self.rid,
+                                      out=self.out, released=self._released, on_stream=self._next_stream)
         self.started = True
         await self.out.send(ev.ResponseStarted(response_id=self.rid, user_text=user_text))
         speaker = asyncio.create_task(self._speak(t0, t_end))
@@ -183,6 +211,7 @@ class Responder:
             metrics.LLM_TPOT.observe(st.tpot_ms / 1000)
         self.history.add_turn(asked, text)
         self._count_degraded(policy)
+        output_tokens = st.output_tokens + (self.tool_turn.extra_tokens if self.tool_turn is not None else 0)
         if self.times is not None:
             self.times.reply_tokens.add(st.output_tokens)
             if st.prompt_tokens > 256:  # long enough that prefill, not queueing, dominates its TTFT
@@ -193,7 +222,7 @@ class Responder:
                                             fallback=fallback or policy.stock_line is not None,
                                             text_only=self.text_only,
                                             finish_reason=_finish_reason(st.finish_reason),
-                                            output_tokens=st.output_tokens, audio_s=round(self.audio_s, 3),
+                                            output_tokens=output_tokens, audio_s=round(self.audio_s, 3),
                                             timings_ms=timings))
 
     def _policy(self) -> TurnPolicy:
@@ -225,10 +254,19 @@ class Responder:
         if policy.reasons:
             logger.info("reply %d degraded: %s", self.rid, ", ".join(policy.reasons))
 
+    def _next_stream(self, stream: TextStream) -> None:
+        """A later round of a reply with tools: its request is the one to abort now."""
+        self._stream = stream
+
+    def _pieces(self, stream: TextStream) -> AsyncIterator[str]:
+        """The reply's text as it comes: the stream's deltas, or with tools offered, the text
+        to speak across the rounds of calls (:class:`~pipeline.session.tool_turn.ToolTurn`)."""
+        return stream if self.tool_turn is None else self.tool_turn.pieces(stream)
+
     async def _generate(self, stream: TextStream) -> tuple[str, bool]:
         chunker = SentenceChunker()
         text = ""
-        async for delta in stream:
+        async for delta in self._pieces(stream):
             if self._t_first_token is None:
                 self._t_first_token = time.perf_counter()
             text += delta
@@ -271,6 +309,7 @@ class Responder:
                 continue
             audio = await asyncio.to_thread(resample, speech.audio, speech.sample_rate, self.output_rate)
             self.spoken.append(phrase)
+            self._spans.append((phrase, self.audio_s, self.audio_s + len(audio) / self.output_rate))
             step = int(self.output_rate * AUDIO_CHUNK_S)
             for i in range(0, len(audio), step):
                 await self._playing.wait()  # paused: the rest waits here, from this chunk on

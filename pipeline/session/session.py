@@ -16,7 +16,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, cast
 
 import numpy as np
@@ -37,6 +37,7 @@ from pipeline.session.history import ChatHistory
 from pipeline.session.quiet_batch import QUIET_BATCH_MS, QuietBatcher
 from pipeline.session.replies import CANCEL_WAIT_S, Replies, send_busy
 from pipeline.session.status import StatusFeed
+from pipeline.session.tools import SessionTools
 from pipeline.session.turn_ids import TurnIds
 from pipeline.session.turn_runner import TurnRunner
 from pipeline.session.turn_state import TurnState
@@ -44,6 +45,10 @@ from pipeline.session.turn_tracker import INLINE_VAD_SAMPLES, TurnTracker
 from pipeline.session.types import Outbox, SpeechCheck, SpeechEnd, SpeechPause, SpeechResume, SpeechStart, TurnEvent
 
 logger = logging.getLogger(__name__)
+
+ARRIVALS_KEPT = 2048
+"""Input frames whose arrival is kept for the merge window's client clock (at 20 ms a frame,
+40 s of audio: far beyond ``merge_window_ms``)."""
 
 
 class Session:
@@ -59,6 +64,12 @@ class Session:
         session_id: id used in logs.
         admission: the server's admission policy (None: every turn is admitted).
         governor: the server's service level: degradations, ``server.status`` (None: none).
+
+    Attributes:
+        client_clock: seconds that run at least while the server waits for the client's
+            next frame (the server's reader sets it to exactly that: ``FrameReader.waited``);
+            when frames came on it decides whether speech may continue the latest turn
+            (:class:`TurnIds`). Default: the wall clock.
     """
 
     def __init__(self, *, engines: Engines, cfg: VoxpipeConfig, out: Outbox, session_id: str,
@@ -76,14 +87,31 @@ class Session:
         self._tracker = TurnTracker(cfg.turn, AllSpeech())  # replaced by session.start
         self._tasks: set[asyncio.Task] = set()
         self.turn_state = TurnState()
+        self.tools = SessionTools(engines.tools, cfg.tools)
         self.replies = Replies(engines=engines, cfg=cfg, out=out, history=self.history,
                                turn_state=self.turn_state, spawn=self._spawn, session_id=session_id,
-                               times=self.gate.times, governor=governor)
-        self.ids = TurnIds(cfg.turn)
+                               times=self.gate.times, governor=governor, tools=self.tools)
+        self.client_clock: Callable[[], float] = time.perf_counter
+        # (input position after a frame, client_clock when it came)
+        self._arrivals: deque[tuple[int, float]] = deque(maxlen=ARRIVALS_KEPT)
+        self.ids = TurnIds(cfg.turn, arrival=self._arrival)
         self.runner = TurnRunner(cfg=cfg.turn, out=out, history=self.history, gate=self.gate, replies=self.replies,
                                  turn_state=self.turn_state, ids=self.ids, new_asr=self._new_asr, spawn=self._spawn,
                                  error=self.error, session_id=session_id)
         self._speech_start = 0  # sample where the speech in progress started
+
+    def _arrival(self, sample: int) -> float:
+        """``client_clock`` when the input frame holding ``sample`` (16 kHz input position)
+        came: the latest frame's for a sample not yet come, the oldest kept for one older."""
+        arrivals = self._arrivals
+        if not arrivals:
+            return self.client_clock()
+        t = arrivals[-1][1]
+        for pos, came in reversed(arrivals):
+            if pos <= sample:
+                break
+            t = came
+        return t
 
     @property
     def input_pos(self) -> int:
@@ -93,10 +121,17 @@ class Session:
     # ---- client events -------------------------------------------------------------
 
     async def start(self, req: ev.SessionStart) -> None:
-        """Handle ``session.start``: (re)declare formats and reset the audio state.
-        With ``req.vad`` False every sample is speech: turns end at ``input.end``."""
+        """Handle ``session.start``: (re)declare formats and tools, and reset the audio
+        state. With ``req.vad`` False every sample is speech: turns end at ``input.end``.
+        Tools that cannot be offered (:meth:`SessionTools.declare`) get a ``bad_event`` error
+        and change nothing."""
         sample_rate, channels, output_sample_rate = req.sample_rate, req.channels, req.output_sample_rate
         system_prompt, language, vad = req.system_prompt, req.language, req.vad
+        try:
+            self.tools.declare(req.tools)
+        except ValueError as exc:  # the session stays as it was
+            await self.error("bad_event", f"session.start: {exc}")
+            return
         self.fmt = PcmFormat(sample_rate, req.format, channels)
         await self.replies.cancel("restart")  # its audio is in the old output format
         self._decoder = PcmDecoder(self.fmt)
@@ -104,6 +139,7 @@ class Session:
         old_pos = self._tracker.pos
         eot = self._eot_policy(req) if vad else None
         self._tracker = TurnTracker(self.cfg.turn, self.engines.vad.stream() if vad else AllSpeech(), eot)
+        self._arrivals.clear()  # input positions start again
         await self.runner.restart(audio_ms=int(old_pos * 1000 / RATE))  # speech in progress ends unanswered
         self.output_rate = self.replies.output_rate = output_sample_rate
         self.language = await self._asr_language(language)
@@ -190,6 +226,12 @@ class Session:
         await self.replies.begin(text, turn_id=turn_id, t_end=time.perf_counter(), asr_ms=0.0,
                                  hooks=self.gate.hooks(key))
 
+    async def tool_result(self, call_id: str, output: str) -> None:
+        """Handle ``tool.result``: the client's answer to a call it runs; one no call waits
+        for (unknown, answered already, timed out) gets a ``bad_event`` error."""
+        if not self.tools.result(call_id, output):
+            await self.error("bad_event", f"tool.result: no call {call_id[:64]!r} is waiting for a result")
+
     async def cancel_response(self) -> None:
         """Handle ``response.cancel``: stop the current reply, if any."""
         await self.replies.cancel("client")
@@ -199,6 +241,7 @@ class Session:
         forgets the session's turns."""
         self.status.close()
         self.replies.stop()
+        self.tools.close()
         self.engines.end_session(self.id)
         for task in list(self._tasks):
             task.cancel()
@@ -237,6 +280,7 @@ class Session:
             return
         tracker = self._tracker
         tracker.append(samples)
+        self._arrivals.append((tracker.pos, self.client_clock()))
         if self.runner.asr is not None:
             self.runner.asr.feed(samples)  # streaming ASR of the speech in progress
         if len(samples) <= INLINE_VAD_SAMPLES:  # a few windows: cheaper than a thread hop
@@ -319,4 +363,8 @@ class Session:
         backchannel ("yeah", "mm-hm"; :mod:`pipeline.session.barge_in`)."""
         if self.turn_state.interrupting:
             speech_ms = (self._tracker.pos - self._speech_start) * 1000 / RATE
-            await self.runner.words_over_reply(part.text, part.language, speech_ms)
+            # its voiced part: a partial comes late (ASR every ~second), and the silence after
+            # a "yeah" must not make it too long to be a backchannel
+            voiced = self._tracker.endpointer.last_speech_end - self._speech_start
+            voiced_ms = min(speech_ms, max(0.0, voiced * 1000 / RATE))
+            await self.runner.words_over_reply(part.text, part.language, speech_ms, voiced_ms=voiced_ms)

@@ -10,7 +10,6 @@ so a pause mid-thought gets one reply.
 from __future__ import annotations
 
 import math
-import time
 import weakref
 from collections.abc import Callable
 
@@ -18,9 +17,13 @@ from audio.pcm import RATE
 from pipeline.config import TurnConfig
 from pipeline.session.types import SpeechEnd
 
-MERGE_DETECT_SLACK_S = 1.0
-"""Clock slack of the merge window: speech is detected a little after it starts (the VAD's
-minimum speech), so resumed speech is seen up to about this much later than it began."""
+MERGE_CLOCK_SLACK_S = 3.0
+"""How much longer the gap before resumed speech may be on the client's clock than in the
+audio (s): the time between the frames that brought the latest turn's end and the resumed
+speech, less the audio between them. A client that stopped sending while it waited for the
+reply resumes close in the audio, many seconds later: a new turn. A client on two busy
+cores may send a few seconds late; a server that reads frames late does not count (see
+:class:`TurnIds`)."""
 
 
 class TurnIds:
@@ -28,21 +31,24 @@ class TurnIds:
 
     Args:
         cfg: ``merge_window_ms`` and ``max_turn_s``.
-        clock: the time in seconds (``time.perf_counter``; the end times given to
-            :meth:`speech_ended` are on this clock).
+        arrival: when the frame that brought sample N (16 kHz, the session's input
+            stream) came, in seconds on the client's clock: a clock that runs at least while
+            the server waits for the client's next frame and, in the server, only then
+            (:attr:`Session.client_clock`), so a loaded server that reads frames late does
+            not make the client look late.
 
     Attributes:
         speech_id: the id of the latest speech turn (its partial transcripts carry it; 0
             before any).
         span: ``(start, end)`` of the latest speech turn, 16 kHz sample indices in the
             session's input stream (None before any, and after :meth:`reset`).
-        end_t: when its speech ended (``clock()`` s; −inf before any).
+        end_t: when the frame with its end came (``arrival``; −inf before any).
         closed: the client ended it (``input.end``, push-to-talk): later speech never
             continues it.
     """
 
-    def __init__(self, cfg: TurnConfig, clock: Callable[[], float] = time.perf_counter) -> None:
-        self.cfg, self.clock = cfg, clock
+    def __init__(self, cfg: TurnConfig, arrival: Callable[[int], float]) -> None:
+        self.cfg, self.arrival = cfg, arrival
         self.speech_id = 0
         self.span: tuple[int, int] | None = None
         self.end_t = -math.inf
@@ -65,16 +71,26 @@ class TurnIds:
 
     def continues(self, start: int) -> bool:
         """Speech starting at sample ``start`` continues the latest speech turn: it resumed
-        within ``merge_window_ms`` of its end — in the audio and on the clock (a client that
-        stopped sending while it waited for the reply resumes close in audio, long after in
-        time: a new turn) — the client did not close it, and the merged turn would stay well
-        under ``max_turn_s``."""
+        within ``merge_window_ms`` of its end in the audio, and on the client's clock no
+        more than :data:`MERGE_CLOCK_SLACK_S` later than in the audio (a client that stopped sending
+        while it waited for the reply resumes close in the audio, long after in time: a new
+        turn); the client did not close it, and the merged turn would stay well under
+        ``max_turn_s``."""
         last, t = self.span, self.cfg
-        window_s = t.merge_window_ms / 1000
-        return (last is not None and not self.closed
-                and start - last[1] <= window_s * RATE
-                and self.clock() - self.end_t <= window_s + MERGE_DETECT_SLACK_S
+        if last is None or self.closed:
+            return False
+        audio_gap_s = (start - last[1]) / RATE
+        return (audio_gap_s <= t.merge_window_ms / 1000
+                and self.arrival(start) - self.end_t - audio_gap_s <= MERGE_CLOCK_SLACK_S
                 and (start - last[0]) / RATE < t.max_turn_s * 0.8)
+
+    def gaps(self, start: int) -> tuple[float, float]:
+        """The gap (s) between the latest speech turn's end and speech starting at sample
+        ``start``, in the audio and on the client's clock (for logs; ``(inf, inf)`` before
+        any)."""
+        if self.span is None:
+            return math.inf, math.inf
+        return (start - self.span[1]) / RATE, self.arrival(start) - self.end_t
 
     def speech_started(self, start: int, *, continues: bool) -> int:
         """Speech began at sample ``start``; ``continues``: it continues the latest speech
@@ -85,11 +101,11 @@ class TurnIds:
             self.span = (start, start)
         return self.speech_id
 
-    def speech_ended(self, end: SpeechEnd, t_end: float) -> None:
-        """The speech in progress ended (``t_end``: when, on :attr:`clock`); a turn the
-        client ended (``input_end``) is never continued by later speech."""
+    def speech_ended(self, end: SpeechEnd) -> None:
+        """The speech in progress ended; a turn the client ended (``input_end``) is never
+        continued by later speech."""
         start = self.span[0] if self.span else end.start
-        self.span, self.end_t = (start, end.end), t_end
+        self.span, self.end_t = (start, end.end), self.arrival(end.end)
         self.closed = end.reason == "input_end"
 
     def rejoin(self, start: int) -> None:

@@ -3,13 +3,14 @@ turn tracker's events and :class:`~pipeline.session.replies.Replies`.
 
 At a pause it speculates (:mod:`pipeline.session.speculation`): the final transcript and
 the reply start, held back; speech that resumes drops that. At the end of the speech it
-asks admission (:class:`~pipeline.session.gate.TurnGate`) and refuses the turn (``busy``)
-or submits it: a task confirms the speculation or decodes the final transcript, then
-starts the reply. Speech that resumes within the merge window continues the turn
-(:class:`~pipeline.session.turn_ids.TurnIds`): its task and reply are cancelled, its words
-stay. Where the turn stands is a :class:`~pipeline.session.turn_machine.TurnMachine`; the
-session's :class:`~pipeline.session.turn_state.TurnState` is told what happened. Speech over
-a reply goes through :class:`~pipeline.session.interruptions.Interruptions` (pause, resume,
+asks admission (:class:`~pipeline.session.gate.TurnGate`) and refuses the turn (``busy``,
+then its words: :meth:`TurnRunner._keep_words`) or submits it: a task confirms the
+speculation or decodes the final transcript, then starts the reply. Speech that resumes
+within the merge window continues the turn (:class:`~pipeline.session.turn_ids.TurnIds`):
+its task and reply are cancelled, its words stay. Where the turn stands is a
+:class:`~pipeline.session.turn_machine.TurnMachine`; the session's
+:class:`~pipeline.session.turn_state.TurnState` is told what happened. Speech over a reply
+goes through :class:`~pipeline.session.interruptions.Interruptions` (pause, resume,
 cancel, backchannels).
 """
 
@@ -19,6 +20,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -29,7 +31,7 @@ from pipeline.asr.turn import AsrTurn
 from pipeline.config import TurnConfig
 from pipeline.session import events as ev
 from pipeline.session.gate import CHARS_PER_SPEECH_S, TurnGate
-from pipeline.session.history import ChatHistory
+from pipeline.session.history import ChatHistory, Exchange
 from pipeline.session.interruptions import Interruptions
 from pipeline.session.replies import Replies, send_busy
 from pipeline.session.speculation import HeldOutbox, Speculation
@@ -40,6 +42,16 @@ from pipeline.session.turn_work import TurnWork
 from pipeline.session.types import Outbox, SpeechEnd, StageEvent
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Unanswered:
+    """A refused speech turn's words: its entry in the history, the task that reports its
+    final transcript (and revises the entry with it)."""
+
+    turn: AsrTurn
+    entry: Exchange
+    task: asyncio.Task | None = None
 
 
 class TurnRunner:
@@ -76,12 +88,14 @@ class TurnRunner:
         self.work = TurnWork(out=out, replies=replies, gate=gate, ids=ids, turn_state=turn_state, error=error,
                              session_id=session_id, barge=self.barge)
         self.machine = TurnMachine()
+        self.session_id = session_id
         self.asr: AsrTurn | None = None
         self.last: AsrTurn | None = None
         self._task: asyncio.Task | None = None  # the latest ended turn's: final ASR (or confirmation), then reply
         self._spec: Speculation | None = None  # while SPECULATING: the speculation of the speech in progress
         self._confirming: Speculation | None = None  # ... handed to the latest submitted turn's task
         self._held: tuple[AsrTurn, int] | None = None  # the turn (and its first sample) the speech may yet continue
+        self._unanswered: _Unanswered | None = None  # the latest refused turn's words, while speech may continue it
 
     # ---- speech ------------------------------------------------------------------------
 
@@ -90,6 +104,11 @@ class TurnRunner:
         from ``pad_ms`` before it): stream it to the ASR. Speech that resumes soon after the
         latest turn ended continues that turn (its reply is cancelled; its words stay)."""
         turn = self.last if self.last is not None and self.ids.continues(start) else None
+        if self.last is not None:
+            audio_gap, client_gap = self.ids.gaps(start)
+            logger.info("session %s: speech %s the latest turn (%.2f s after it in the audio, %.2f s on the "
+                        "client's clock)", self.session_id,
+                        "continues" if turn is not None else "does not continue", audio_gap, client_gap)
         # Over an audible reply, speech that would continue the latest turn is a barge-in
         # candidate first, a turn of its own: it continues that turn only once words are heard
         # (words_over_reply); a cough or an "mm-hm" leaves the reply alone.
@@ -103,7 +122,9 @@ class TurnRunner:
         if turn is not None:
             refused = self.machine.refused  # a refused turn goes on: no reply of it to cancel
             self.machine.fire(StageEvent.CONTINUE)
-            if not refused:
+            if refused:
+                self._take_back(turn)
+            else:
                 await self._cancel_answer()
             turn.reopen()
         else:
@@ -126,16 +147,18 @@ class TurnRunner:
             spec.drop()
         await self.replies.cancel("continued")
 
-    async def words_over_reply(self, text: str, language: str | None, speech_ms: float) -> None:
+    async def words_over_reply(self, text: str, language: str | None, speech_ms: float, *,
+                               voiced_ms: float | None = None) -> None:
         """A partial transcript ``text`` of the speech in progress over a reply (``speech_ms``
-        long so far). If its words cancel the reply, cancel it (``barge_in``); or, when this
-        speech was held back from continuing the latest turn, continue that turn after all:
+        long so far, ``voiced_ms`` of it up to its last voiced window; None: all). If its words
+        cancel the reply, cancel it (``barge_in``); or, when this speech was held back from
+        continuing the latest turn, continue that turn after all:
         its reply is cancelled (``continued``), this speech's ASR stops and the turn's goes on
         with this speech's audio so far (from ``pad_ms`` before it); the merged turn keeps this
         speech's id. Speech whose audio is no longer all there (its ASR buffer was trimmed)
         is a turn of its own instead."""
         turn = self.asr
-        if turn is None or not self.barge.words_cancel(text, speech_ms, language):
+        if turn is None or not self.barge.words_cancel(text, speech_ms, language, voiced_ms=voiced_ms):
             return
         held, self._held = self._held, None
         audio = turn.stream.audio() if held is not None else None
@@ -153,6 +176,7 @@ class TurnRunner:
         after all: that turn goes on with ``audio`` (``turn``'s, float32 16 kHz) under
         ``turn``'s id and is the latest speech turn."""
         old, old_start = held
+        self._take_back(old)
         self.barge.forget(old)
         self.barge.forget(turn)
         old.reopen()
@@ -171,7 +195,7 @@ class TurnRunner:
         charge to the server): refuse its turn or submit it."""
         turn, self.asr = self.asr, None
         held, self._held = self._held, None
-        self.ids.speech_ended(end, t_end)
+        self.ids.speech_ended(end)
         turn_id = self.ids.of(turn) if turn is not None else self.ids.speech_id
         await self.out.send(ev.SpeechStopped(turn_id=turn_id, audio_ms=int(end.end * 1000 / RATE), reason=end.reason))
         if turn is None:
@@ -186,9 +210,13 @@ class TurnRunner:
                                       client_ended=end.reason == "input_end", own_asr=int(turn.urgent_in_flight),
                                       own_llm=self.queued_replies(), waited_ms=waited_ms)
             if refusal is not None:
+                decode = self.gate.decodes_refused(refusal, own_asr=int(turn.urgent_in_flight))
                 self._refuse(turn)
                 await self._stopped(turn, end, submitted=False)
                 await send_busy(self.out, refusal.as_busy(), turn_id=turn_id)
+                if decode:
+                    turn.end_input(drop_tail=drop_tail)
+                self._keep_words(turn, decode=decode)
                 return
         await self._stopped(turn, end, submitted=True)
         turn.end_input(drop_tail=drop_tail)
@@ -240,11 +268,45 @@ class TurnRunner:
         turn.close()
         self.machine.fire(StageEvent.REFUSE)
 
+    def _keep_words(self, turn: AsrTurn, *, decode: bool) -> None:
+        """A refused turn keeps its words: the history records it at once as an unanswered
+        user turn (the words its partials committed so far), and a task reports its
+        ``transcript.final`` (``unanswered``; decoded in the background if ``decode``, see
+        :meth:`TurnWork.unanswered`) and puts the final words in that entry.
+
+        Speech that continues the turn takes both back (:meth:`_take_back`): the merged
+        turn is decided again at its new end, and its own ``transcript.final`` (same turn
+        id, the whole utterance) supersedes one already sent."""
+        kept = _Unanswered(turn, self.history.add_unanswered(turn.committed().text))
+        kept.task = self._spawn(self._report_words(kept, decode=decode))
+        self._unanswered = kept
+
+    async def _report_words(self, kept: _Unanswered, *, decode: bool) -> None:
+        result = await self.work.unanswered(kept.turn, decode=decode)
+        if result is None:
+            self.history.forget(kept.entry)
+        else:
+            kept.entry = self.history.revise(kept.entry, result.text)
+
+    def _take_back(self, turn: AsrTurn) -> None:
+        """Speech continues refused turn ``turn``: its final transcript is not reported
+        (or no longer stands) and its history entry goes; the merged turn has the words."""
+        kept = self._unanswered
+        if kept is None or kept.turn is not turn:
+            return
+        self._unanswered = None
+        if kept.task is not None:
+            kept.task.cancel()
+        self.history.forget(kept.entry)
+
     async def restart(self, audio_ms: int) -> None:
         """``session.start`` again: speech in progress ends here, unanswered (``audio_ms``:
         where the old stream stopped); every turn is forgotten."""
         self.drop_speculation(reopen=False)
         self.barge.reset()
+        kept, self._unanswered = self._unanswered, None
+        if kept is not None and kept.task is not None:
+            kept.task.cancel()  # no transcript of a forgotten turn after session.started (its history entry stays)
         if self.asr is not None:
             turn_id = self.ids.of(self.asr)
             await self.out.send(ev.SpeechStopped(turn_id=turn_id, audio_ms=audio_ms, reason="restart"))

@@ -27,6 +27,10 @@ from pipeline.session.types import Outbox
 
 logger = logging.getLogger(__name__)
 
+REFUSED_DECODE_S = 5.0
+"""Longest wait for a refused turn's background decode (s): past it, the words its partial
+transcripts committed are told instead (the ASR stage is busy with turns being answered)."""
+
 
 class TurnWork:
     """Final transcripts and reply starts of one session's speech turns.
@@ -77,20 +81,45 @@ class TurnWork:
 
     async def final_transcript(self, turn: AsrTurn, result: Partial) -> bool:
         """Report the turn's final transcript; False (and ``turn.empty``) if it has no words,
-        or if it was spoken over a reply and is only a backchannel (the reply goes on)."""
+        or if it was spoken over a reply and is only a backchannel or the reply's own echo
+        (the reply goes on)."""
         audio_s = turn.stream.total_s
         metrics.ASR_SECONDS.observe(turn.decode_ms / 1000)
         if audio_s > 0:
             metrics.ASR_RTF.observe(turn.decode_ms / 1000 / audio_s)
         heard = await self.barge.final(turn, result.text, result.language) if self.barge is not None else None
-        if not result.text or heard == "backchannel":
+        if not result.text or heard in ("backchannel", "echo"):
             self.turn_state.turn_empty()
-            reason: Literal["backchannel", "no_words"] = "backchannel" if result.text else "no_words"
+            reason: Literal["backchannel", "echo", "no_words"] = \
+                "no_words" if not result.text else "echo" if heard == "echo" else "backchannel"
             await self.out.send(ev.TurnEmpty(turn_id=self.ids.of(turn), reason=reason))
             return False
         await self.out.send(ev.TranscriptFinal(turn_id=self.ids.of(turn), text=result.text, language=result.language,
                                                audio_ms=int(audio_s * 1000)))
         return True
+
+    async def unanswered(self, turn: AsrTurn, *, decode: bool) -> Partial | None:
+        """Report the final transcript of a turn admission refused (its ``busy`` went out):
+        ``unanswered``, no reply follows. Decoded at background priority if ``decode``
+        (within :data:`REFUSED_DECODE_S`, after :meth:`AsrTurn.end_input`); else, or when that
+        decode is refused, fails or is late, the words its partials committed (``source``
+        ``partial``). Nothing when it has no words. Returns what was reported."""
+        result: Partial | None = None
+        if decode:
+            try:
+                result = await asyncio.wait_for(turn.finish(background=True), REFUSED_DECODE_S)
+            except Exception as exc:  # noqa: BLE001 - Busy, a timeout, a failed decode: the committed words instead
+                logger.info("session %s: no final decode for a refused turn (%s): its committed words instead",
+                            self.id, repr(exc))
+        source: ev.TranscriptSource = "asr"
+        if result is None:
+            result, source = turn.committed(), "partial"
+        if not result.text:
+            return None
+        await self.out.send(ev.TranscriptFinal(turn_id=self.ids.of(turn), text=result.text, language=result.language,
+                                               audio_ms=int(turn.stream.total_s * 1000), unanswered=True,
+                                               source=source))
+        return result
 
     async def speculate(self, spec: Speculation, drop_tail: int) -> None:
         """Decode ``spec``'s turn as the final would (leaving out ``drop_tail`` samples of

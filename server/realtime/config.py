@@ -7,8 +7,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from pydantic import ValidationError
+
 from pipeline.config import EAGERNESS, VoxpipeConfig
-from pipeline.session.events import MAX_TEXT_CHARS
+from pipeline.session.events import MAX_CLIENT_TOOLS, MAX_TEXT_CHARS, ClientTool
 
 from .types import BETA_SESSION_KEYS, REALTIME_RATE, Dialect, RealtimeError, Settings
 
@@ -35,8 +37,12 @@ def read_update(session: dict[str, Any], current: Settings) -> Settings:
         RealtimeError: ``invalid_value`` for a format other than PCM16 24 kHz, a turn
             detection other than ``server_vad`` / ``semantic_vad`` / null (or an
             ``eagerness`` other than auto/low/medium/high), a transcription
-            session (``type: "transcription"``), or instructions that are not a string or
-            longer than :data:`~pipeline.session.events.MAX_TEXT_CHARS`.
+            session (``type: "transcription"``), instructions that are not a string or
+            longer than :data:`~pipeline.session.events.MAX_TEXT_CHARS`, ``tools`` that
+            are not a list of at most :data:`~pipeline.session.events.MAX_CLIENT_TOOLS`
+            function tools (``{type: "function", name, description, parameters}``; param:
+            the first field at fault), a ``tool_choice`` other than ``auto`` / ``none`` /
+            ``required`` / ``{type: "function", name}`` naming one of the tools.
     """
     new = replace(current)
     kind = session.get("type")
@@ -61,7 +67,58 @@ def read_update(session: dict[str, Any], current: Settings) -> Settings:
     for where, holder in (("session.turn_detection", session), ("session.audio.input.turn_detection", inp)):
         if isinstance(holder, dict) and "turn_detection" in holder:
             new.server_vad, new.end_of_turn, new.eagerness = _vad(where, holder["turn_detection"])
+    if "tools" in session:
+        new.tools = _tools(session["tools"])
+    if "tool_choice" in session:
+        new.tool_choice = session["tool_choice"] if session["tool_choice"] is not None else "auto"
+    session_choice(new)  # checks it (against the tools now in force)
     return new
+
+
+def _tools(tools: Any) -> tuple[ClientTool, ...]:
+    """``session.tools`` → the client tools (validated; see :func:`read_update`)."""
+    if tools is None:
+        return ()
+    if not isinstance(tools, list) or len(tools) > MAX_CLIENT_TOOLS:
+        raise RealtimeError("invalid_value", f"tools must be a list of at most {MAX_CLIENT_TOOLS} function tools",
+                            param="session.tools")
+    out = []
+    for i, tool in enumerate(tools):
+        if not isinstance(tool, dict) or tool.get("type", "function") != "function":
+            kind = tool.get("type") if isinstance(tool, dict) else type(tool).__name__
+            raise RealtimeError("invalid_value", f"tools[{i}]: only function tools are supported, not {kind!r}",
+                                param=f"session.tools[{i}]")
+        try:
+            given = {k: v for k, v in tool.items() if v is not None}  # null: the default, as OpenAI's
+            out.append(ClientTool.model_validate({**given, "type": "function"}))
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(map(str, first["loc"]))
+            raise RealtimeError("invalid_value", f"tools[{i}].{where}: {first['msg']}",
+                                param=f"session.tools[{i}].{where}") from None
+    return tuple(out)
+
+
+def session_choice(settings: Settings) -> str:
+    """``settings.tool_choice`` as the session takes it
+    (:attr:`~pipeline.session.tools.SessionTools.choice`): ``auto``, ``none``, ``required``
+    or a tool's name (a bare name is taken too, as the beta API's string).
+
+    Raises:
+        RealtimeError: ``invalid_value`` (param ``session.tool_choice``): anything else, or a
+            function that is not among ``settings.tools``.
+    """
+    choice = settings.tool_choice
+    if choice in ("auto", "none", "required"):
+        return str(choice)
+    name = choice.get("name") if isinstance(choice, dict) and choice.get("type") == "function" else choice
+    if not isinstance(name, str):
+        raise RealtimeError("invalid_value", f"tool_choice {choice!r} is not supported: 'auto', 'none', 'required' "
+                            "or {'type': 'function', 'name': ...}", param="session.tool_choice")
+    if name not in {t.name for t in settings.tools}:
+        raise RealtimeError("invalid_value", f"tool_choice names {name[:64]!r}, which is not among the session's "
+                            "tools", param="session.tool_choice")
+    return name
 
 
 def _check_format(where: str, fmt: Any) -> None:
@@ -103,13 +160,14 @@ def session_object(settings: Settings, cfg: VoxpipeConfig, session_id: str, prom
          "create_response": True, "interrupt_response": True})
     if not settings.server_vad:
         td = None
+    tools = {"tools": [t.model_dump() for t in settings.tools], "tool_choice": settings.tool_choice}
     common = {"id": f"sess_{session_id}", "object": "realtime.session", "model": MODEL, "instructions": prompt}
     if settings.dialect == "beta":
         return {**common, "modalities": ["audio", "text"], "input_audio_format": "pcm16",
                 "output_audio_format": "pcm16", "turn_detection": td,
-                "input_audio_transcription": {"model": "whisper"}, "tools": [], "tool_choice": "none"}
+                "input_audio_transcription": {"model": "whisper"}, **tools}
     pcm = {"type": "audio/pcm", "rate": REALTIME_RATE}
     return {"type": "realtime", **common, "output_modalities": ["audio"],
             "audio": {"input": {"format": pcm, "turn_detection": td, "transcription": {"model": "whisper"}},
                       "output": {"format": pcm}},
-            "tools": [], "tool_choice": "none"}
+            **tools}

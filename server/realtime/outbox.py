@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import base64
 import json
-import uuid
-from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.session import events as ev
 
 from ..outbox import WsOutbox
-from .types import Settings
+from . import calls
+from .state import OutboxState, ReplyState, TurnState
+from .types import Settings, new_id
+
+__all__ = ["RealtimeOutbox", "new_id", "user_item"]
 
 CLIENT_ERRORS = frozenset({"bad_json", "unknown_type", "bad_event", "no_session", "bad_audio", "rate_limited"})
 """voxpipe error codes that are the client's doing: Realtime ``invalid_request_error``
@@ -52,39 +54,6 @@ CANCEL_REASONS = {"client": "client_cancelled"}
 other reason (barge-in, the user went on, a new turn, restart) is ``turn_detected``."""
 
 
-def new_id(prefix: str) -> str:
-    """An OpenAI-style id: ``prefix`` + ``_`` + 20 hex digits (random)."""
-    return f"{prefix}_{uuid.uuid4().hex[:20]}"
-
-
-@dataclass(slots=True)
-class _Reply:
-    """A voxpipe reply as a Realtime response: its ids and what it said."""
-
-    id: str
-    item_id: str
-    audio_bytes: int = 0
-
-
-@dataclass(slots=True)
-class _Turn:
-    """A voxpipe user turn as a Realtime user item."""
-
-    item_id: str
-    committed: bool = False
-    sent: str = ""  # transcription text sent as deltas (append-only)
-
-
-@dataclass
-class _State:
-    turns: dict[int, _Turn] = field(default_factory=dict)
-    replies: dict[int, _Reply] = field(default_factory=dict)
-    last_item: str | None = None  # the latest item in the conversation (previous_item_id)
-    open_turn: int | None = None  # the turn whose speech is in progress
-    created: bool = False  # session.created was sent
-    quiet_start: int = 0  # session.started events to swallow (a restart for input_audio_buffer.clear)
-
-
 class RealtimeOutbox(WsOutbox):
     """Outbox translating session events into Realtime events on a websockets connection.
 
@@ -98,12 +67,14 @@ class RealtimeOutbox(WsOutbox):
     def __init__(self, ws, settings: Settings, *, maxsize: int, timeout_s: float) -> None:
         super().__init__(ws, maxsize=maxsize, timeout_s=timeout_s)
         self.settings = settings
-        self.st = _State()
+        self.st = OutboxState()
         self.session_object: dict[str, Any] = {}  # the session.created / session.updated payload (set by the wire)
 
     # ---- the Outbox protocol --------------------------------------------------------
 
     async def send(self, event: ev.ServerEvent) -> None:
+        if calls.hold(self, event):
+            return
         handler = getattr(self, "_on_" + event.type.replace(".", "_"), None)
         if handler is not None:
             await handler(event)
@@ -112,9 +83,24 @@ class RealtimeOutbox(WsOutbox):
         r = self.st.replies.get(response_id)
         if r is None:
             return
+        if r.held is not None:  # between a function call and the next response.create
+            r.held.append(pcm16)
+            return
+        item_id = await self.message(r)
         r.audio_bytes += len(pcm16)
-        await self.emit("response.output_audio.delta", response_id=r.id, item_id=r.item_id, output_index=0,
+        await self.emit("response.output_audio.delta", response_id=r.id, item_id=item_id, output_index=0,
                         content_index=0, delta=base64.b64encode(pcm16).decode("ascii"))
+
+    @property
+    def active(self) -> bool:
+        """Whether a Realtime response is in progress (a reply parked after a function call
+        is not: its response is done)."""
+        return any(r.held is None for r in self.st.replies.values())
+
+    async def resume(self) -> bool:
+        """``response.create`` after a function call: the parked reply goes on as a new
+        Realtime response. False when no reply is parked."""
+        return await calls.resume(self)
 
     # ---- sending ----------------------------------------------------------------------
 
@@ -138,11 +124,11 @@ class RealtimeOutbox(WsOutbox):
         self.st.created = True
         await self.emit(kind, session=self.session_object)
 
-    def turn(self, turn_id: int) -> _Turn:
+    def turn(self, turn_id: int) -> TurnState:
         """The user item of voxpipe turn ``turn_id`` (made on first use)."""
         t = self.st.turns.get(turn_id)
         if t is None:
-            t = self.st.turns[turn_id] = _Turn(new_id("item"))
+            t = self.st.turns[turn_id] = TurnState(new_id("item"))
             if len(self.st.turns) > KEEP_TURNS:  # turn ids count up: the oldest is first
                 del self.st.turns[next(iter(self.st.turns))]
         return t
@@ -205,24 +191,35 @@ class RealtimeOutbox(WsOutbox):
                         content_index=0, transcript=text, usage={"type": "duration", "seconds": audio_ms / 1000})
 
     async def _on_turn_empty(self, e: ev.TurnEmpty) -> None:
-        if e.reason in ("no_words", "backchannel"):  # a backchannel over a reply is no turn of its own
+        if e.reason in ("no_words", "backchannel", "echo"):  # a backchannel over a reply is no turn of its own
             await self._completed(e.turn_id, "", 0)
         elif e.reason == "no_speech":
             await self.error("input_audio_buffer_commit_empty", "the input audio buffer holds no speech to commit")
 
     async def _on_response_started(self, e: ev.ResponseStarted) -> None:
-        r = self.st.replies[e.response_id] = _Reply(new_id("resp"), new_id("item"))
-        await self.emit("response.created", response=self.response(r, "in_progress"))
-        item = assistant_item(r.item_id, "", self.settings, status="in_progress")
-        await self.emit("response.output_item.added", response_id=r.id, output_index=0, item=item)
-        await self.item_added(item)
-        await self.emit("response.content_part.added", response_id=r.id, item_id=r.item_id, output_index=0,
-                        content_index=0, part=audio_part("", self.settings))
+        for rid in [rid for rid, r in self.st.replies.items() if r.held is not None]:
+            del self.st.replies[rid]  # a parked reply the session has moved on from
+        r = self.st.replies[e.response_id] = ReplyState(new_id("resp"))
+        await self.emit("response.created", response=self.response(r, "in_progress"))  # its message: with its text
+
+    async def message(self, r: ReplyState) -> str:
+        """The id of ``r``'s assistant message in its current Realtime response, made (and
+        reported: ``response.output_item.added``, ``conversation.item.added``,
+        ``response.content_part.added``) on first use."""
+        if r.item_id is None:
+            r.item_id = new_id("item")
+            item = assistant_item(r.item_id, "", self.settings, status="in_progress")
+            await self.emit("response.output_item.added", response_id=r.id, output_index=len(r.output), item=item)
+            await self.item_added(item)
+            await self.emit("response.content_part.added", response_id=r.id, item_id=r.item_id,
+                            output_index=len(r.output), content_index=0, part=audio_part("", self.settings))
+        return r.item_id
 
     async def _on_response_text_delta(self, e: ev.ResponseTextDelta) -> None:
         r = self.st.replies.get(e.response_id)
         if r is not None:
-            await self.emit("response.output_audio_transcript.delta", response_id=r.id, item_id=r.item_id,
+            r.text += e.delta
+            await self.emit("response.output_audio_transcript.delta", response_id=r.id, item_id=await self.message(r),
                             output_index=0, content_index=0, delta=e.delta)
 
     async def _on_response_done(self, e: ev.ResponseDone) -> None:
@@ -230,6 +227,10 @@ class RealtimeOutbox(WsOutbox):
         await self._finish(e.response_id, e.text, status, details, usage={"output_tokens": e.output_tokens})
 
     async def _on_response_cancelled(self, e: ev.ResponseCancelled) -> None:
+        r = self.st.replies.get(e.response_id)
+        if r is not None and r.held is not None:  # its Realtime response is done already
+            del self.st.replies[e.response_id]
+            return
         await self._finish(e.response_id, e.spoken_text, "cancelled",
                            {"type": "cancelled", "reason": CANCEL_REASONS.get(e.reason, "turn_detected")})
 
@@ -238,22 +239,36 @@ class RealtimeOutbox(WsOutbox):
         r = self.st.replies.pop(rid, None)
         if r is None:
             return
-        common = {"response_id": r.id, "item_id": r.item_id, "output_index": 0}
+        if r.before:  # a response after a function call reports its own part of the reply
+            text = text[len(r.before):].lstrip() if text.startswith(r.before) else r.text
+        item = await self.close_message(r, text, "completed" if status == "completed" else "incomplete")
+        await self.emit("response.done", response=self.response(r, status, details, [*r.output, item], usage))
+
+    async def close_message(self, r: ReplyState, text: str, status: str) -> dict[str, Any]:
+        """End ``r``'s assistant message (made now if it was not) with transcript ``text``:
+        the ``….done`` events; returns the item."""
+        item_id = await self.message(r)
+        common = {"response_id": r.id, "item_id": item_id, "output_index": 0}
         await self.emit("response.output_audio.done", **common, content_index=0)
         await self.emit("response.output_audio_transcript.done", **common, content_index=0, transcript=text)
         await self.emit("response.content_part.done", **common, content_index=0, part=audio_part(text, self.settings))
-        item = assistant_item(r.item_id, text, self.settings,
-                              status="completed" if status == "completed" else "incomplete")
+        item = assistant_item(item_id, text, self.settings, status=status)
         await self.emit("response.output_item.done", response_id=r.id, output_index=0, item=item)
         if self.settings.dialect == "ga":
             await self.emit("conversation.item.done", item=item)
-        await self.emit("response.done", response=self.response(r, status, details, [item], usage))
+        return item
+
+    async def _on_tool_call(self, e: ev.ToolCallEvent) -> None:
+        await calls.on_tool_call(self, e)
+
+    async def _on_tool_output(self, e: ev.ToolOutput) -> None:
+        await calls.on_tool_output(self, e)
 
     async def _on_busy(self, e: ev.Busy) -> None:
         # a refused turn: an error (code server_busy), and a response that failed at once
         message = f"{e.message} (busy: {e.reason}; retry after {e.retry_after_ms} ms)"
         await self.error("server_busy", message, kind="server_error", retry_after_ms=e.retry_after_ms)
-        r = _Reply(new_id("resp"), new_id("item"))
+        r = ReplyState(new_id("resp"))
         await self.emit("response.created", response=self.response(r, "in_progress"))
         details = {"type": "failed", "error": {"type": "server_error", "code": "server_busy", "message": message}}
         await self.emit("response.done", response=self.response(r, "failed", details))
@@ -263,7 +278,7 @@ class RealtimeOutbox(WsOutbox):
 
     # ---- shapes ---------------------------------------------------------------------------
 
-    def response(self, r: _Reply, status: str, details: dict | None = None, output: list | None = None,
+    def response(self, r: ReplyState, status: str, details: dict | None = None, output: list | None = None,
                  usage: dict[str, int] | None = None) -> dict[str, Any]:
         """A Realtime response object."""
         modalities = "modalities" if self.settings.dialect == "beta" else "output_modalities"

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import base64
 import binascii
+import uuid
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from pipeline.session.events import MAX_TEXT_CHARS
+from pipeline.session.events import MAX_TEXT_CHARS, ClientTool
 
 Dialect = Literal["ga", "beta"]
 """Which event names a connection gets: ``ga`` (``response.output_audio.delta``,
@@ -80,7 +81,7 @@ class ContentPart(BaseModel):
 
 
 class Item(BaseModel):
-    """A conversation item; voxpipe accepts user messages of ``input_text`` parts."""
+    """A user message item; voxpipe accepts ``input_text`` parts."""
 
     model_config = ConfigDict(extra="ignore")
     id: str | None = Field(None, max_length=64)
@@ -89,9 +90,22 @@ class Item(BaseModel):
     content: list[ContentPart] = Field(min_length=1)
 
 
+class OutputItem(BaseModel):
+    """A ``function_call_output`` item: the client's result of function call ``call_id``
+    (``output``: text, JSON or words, for the model)."""
+
+    model_config = ConfigDict(extra="ignore")
+    id: str | None = Field(None, max_length=64)
+    type: Literal["function_call_output"]
+    call_id: str = Field(min_length=1, max_length=64)
+    output: str = Field(max_length=MAX_TEXT_CHARS)
+
+
 class ItemCreate(_Event):
+    """``conversation.item.create``: a user message, or a function call's output."""
+
     type: Literal["conversation.item.create"]
-    item: Item
+    item: Annotated[Item | OutputItem, Field(discriminator="type")]
 
 
 class ResponseCreate(_Event):
@@ -125,6 +139,9 @@ class Settings:
             (``server_vad``), or None (the server's ``--end-of-turn``).
         eagerness: ``semantic_vad``'s ``eagerness`` (None: the server's).
         dialect: the event names this connection gets.
+        tools: the client's function tools (declared to the session as client tools).
+        tool_choice: as the client wrote it (reported back): ``auto``, ``none``,
+            ``required`` or ``{"type": "function", "name": ...}``.
     """
 
     instructions: str | None = None
@@ -132,6 +149,13 @@ class Settings:
     end_of_turn: Literal["silence", "smart-turn"] | None = None
     eagerness: Literal["auto", "low", "medium", "high"] | None = None
     dialect: Dialect = "ga"
+    tools: tuple[ClientTool, ...] = ()
+    tool_choice: str | dict[str, Any] = "auto"
+
+
+def new_id(prefix: str) -> str:
+    """An OpenAI-style id: ``prefix`` + ``_`` + 20 hex digits (random)."""
+    return f"{prefix}_{uuid.uuid4().hex[:20]}"
 
 
 class RealtimeError(ValueError):

@@ -5,6 +5,10 @@ budgets the frames; this parses and acts on them). docs/REALTIME.md is the refer
 Manual turns (``turn_detection: null``): ``input_audio_buffer.commit`` reports the audio
 committed; ``response.create`` ends the voxpipe turn (``input.end``), which transcribes and
 answers it. Audio appended between the two is held and fed after, as the next turn.
+
+Function calling: ``session.update`` ``tools`` are the session's client tools; a
+``function_call_output`` item is the client's ``tool.result``; ``response.create`` after a
+function call goes on with the parked reply (server/realtime/calls.py).
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ from pipeline.session.events import SessionStart
 from pipeline.session.session import Session
 from server.protocol import json_kind
 
-from .config import dialect_of, read_update, session_object
+from . import calls
+from .config import dialect_of, read_update, session_choice, session_object
 from .outbox import RealtimeOutbox, new_id, user_item
 from .types import (
     CLIENT_TYPES,
@@ -30,6 +35,7 @@ from .types import (
     ClientEvent,
     Dialect,
     ItemCreate,
+    OutputItem,
     RealtimeError,
     ResponseCancel,
     ResponseCreate,
@@ -106,7 +112,10 @@ class RealtimeWire:
         self._texts: list[str] = []  # user text items waiting for response.create
 
     async def open(self) -> None:
-        """Start the session (PCM16 24 kHz both ways, server VAD): ``session.created``."""
+        """Start the session (PCM16 24 kHz both ways, server VAD): ``session.created``.
+        A client's function call gets no filler ("One moment."): the reply goes on only
+        after ``response.create``, when the filler would come too late."""
+        self.session.tools.client_filler = False
         self._refresh()
         await self.session.start(self._start_event())
 
@@ -147,7 +156,7 @@ class RealtimeWire:
         elif isinstance(e, ResponseCreate):
             await self._respond(feed)
         elif isinstance(e, ResponseCancel):
-            if not self.out.st.replies:
+            if not self.out.active:
                 raise RealtimeError("response_cancel_not_active", "there is no response in progress to cancel")
             await self.session.cancel_response()
 
@@ -163,6 +172,13 @@ class RealtimeWire:
 
     async def _update(self, e: SessionUpdate) -> None:
         new = read_update(e.session, self.settings)
+        if new.tools != self.settings.tools:
+            try:
+                self.session.tools.declare(new.tools)
+            except ValueError as exc:
+                raise RealtimeError("invalid_value", str(exc), param="session.tools") from None
+        self.session.tools.choice = session_choice(new)
+        self.settings.tools, self.settings.tool_choice = new.tools, new.tool_choice
         if not self._dialect_fixed:
             new.dialect = dialect_of(e.session) or self.settings.dialect
             self._dialect_fixed = dialect_of(e.session) is not None
@@ -204,6 +220,9 @@ class RealtimeWire:
         await self.out.emit("input_audio_buffer.cleared")
 
     async def _item(self, e: ItemCreate) -> None:
+        if isinstance(e.item, OutputItem):
+            await self._output(e.item, e.event_id)
+            return
         texts = [p.text for p in e.item.content if p.type == "input_text" and p.text]
         if not texts or len(texts) != len(e.item.content):
             raise RealtimeError("invalid_value", "voxpipe accepts user messages of input_text parts only",
@@ -212,7 +231,22 @@ class RealtimeWire:
         await self.out.item_added(user_item(e.item.id or new_id("item"), "input_text", "\n".join(texts),
                                             status="completed"))
 
+    async def _output(self, item: OutputItem, event_id: str | None) -> None:
+        """A function call's output: recorded as an item, handed to the waiting call."""
+        if not calls.waiting(self.out, item.call_id) or not self.session.tools.waiting(item.call_id):
+            raise RealtimeError("invalid_value", f"no function call {item.call_id[:64]!r} waits for an output "
+                                "(unknown, answered already, or timed out)", param="item.call_id",
+                                event_id=event_id)
+        self.out.st.calls.discard(item.call_id)
+        recorded = calls.function_call_output_item(item.id or new_id("item"), item.call_id, item.output)
+        await self.out.item_added(recorded)
+        if self.settings.dialect == "ga":
+            await self.out.emit("conversation.item.done", item=recorded)
+        await self.session.tool_result(item.call_id, item.output)
+
     async def _respond(self, feed: Feed) -> None:
+        if await self.out.resume():  # the reply that called a function goes on
+            return
         if self._texts:
             text, self._texts = "\n".join(self._texts), []
             await self.session.text_input(text)
@@ -239,4 +273,4 @@ class RealtimeWire:
         return SessionStart(type="session.start", sample_rate=REALTIME_RATE, format="pcm16", channels=1,
                             output_sample_rate=REALTIME_RATE, system_prompt=None, language=None,
                             vad=self.settings.server_vad, end_of_turn=self.settings.end_of_turn,
-                            eagerness=self.settings.eagerness)
+                            eagerness=self.settings.eagerness, tools=list(self.settings.tools))

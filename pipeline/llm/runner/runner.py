@@ -157,6 +157,18 @@ class ModelRunner:
         slot capacity × column capacity; 0 when no request is decoding)."""
         return 0 if self.batch is None else self.batch.nbytes
 
+    def kv_bytes(self, per_token: int) -> tuple[int, int]:
+        """(bytes of KV holding tokens, bytes of KV allocated) in host or device memory: the
+        decoding batch's rows (each live row's prompt and output tokens × ``per_token``, within
+        a token; at most its buffers) and the prompts prefilled so far (their tensors); the
+        allocated bytes add the batch buffers' free slots, padding and spare columns. Read
+        from any thread (``/metrics``): racy, at most a step off."""
+        batch, slots, partial = self.batch, list(self.slots), list(self._partial.values())
+        held = sum(len(r.req.prompt_ids) + len(r.req.output_ids) for r in slots if r is not None and r.req is not None)
+        buffers = 0 if batch is None else batch.nbytes
+        rows = sum(t.numel() * t.element_size() for kv in partial for t in (*kv.keys, *kv.values))
+        return min(buffers, held * per_token) + rows, buffers + rows
+
     def reset(self) -> None:
         """Drop every row and the KV cache (after a failed step); cached blocks stay, none
         referenced any more."""
