@@ -3,7 +3,7 @@ docs/PROTOCOL.md "Tool calls"): one line when the model calls a tool, one when i
 (or its error) comes back, as they happen::
 
       tool: set_timer(minutes=5)
-      tool: set_timer -> {"status": "set", "rings_at": "12:05"} (3 ms)
+      tool: set_timer -> {"summary": "A timer for 5 minutes is set. It rings at 12:05.", ...} (3 ms)
       tool error: explode failed: RuntimeError: exploded (1 ms)
 """
 

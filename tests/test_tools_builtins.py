@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from pipeline.tools.builtins import calculate, get_time, set_timer
+from pipeline.tools.builtins import calculate, duration_words, get_time, set_timer
 from pipeline.tools.toolbox import MAX_RESULT_CHARS, Toolbox, load_tools
 from pipeline.tools.types import ToolCall
 
@@ -42,6 +42,16 @@ def test_timer_and_time():
         with pytest.raises(ValueError):
             set_timer(**bad)
     assert set(get_time()) == {"time", "date", "timezone"}
+
+
+def test_a_timer_result_carries_a_sentence_to_say():
+    """A small model reads a result's first sentence back; bare fields got "The result is 37:27."."""
+    five = set_timer(minutes=5)
+    assert five["summary"].startswith("A timer for 5 minutes is set. It rings at ")
+    assert five["summary"].endswith(five["rings_at"][:5] + ".")
+    assert set_timer(seconds=90, label="tea")["summary"].startswith("A timer for 1 minute and 30 seconds (tea) is set.")
+    assert [duration_words(s) for s in (1, 10, 60, 3661, 7200)] == [
+        "1 second", "10 seconds", "1 minute", "1 hour, 1 minute and 1 second", "2 hours"]
 
 
 def test_load_tools_names_what_is_wrong(tmp_path):

@@ -36,7 +36,10 @@ SAY_RESULT = "Tell me that result in one short spoken sentence, in words."
 """Asked after the tool results, before the model's next round. Without it Qwen2.5-Coder-0.5B
 answered a result by writing it back as JSON (``{"status": "set", "seconds": 300, ...}``) or
 by calling the tool again; with it: "The timer rings at 12:37:58.", "The result of twelve
-times seven is 84." (4 of 4 requests, greedy)."""
+times seven is 84." (4 of 4 requests, greedy). A result with bare fields can still be read
+wrong ("The result is 37:27.", "the cat will ring at 09:05:00."): a built-in's result starts
+with a ``summary`` sentence, which both Qwen models say back (32 of 32 timer results over
+eight clock times, greedy)."""
 
 
 class ToolTurn:

@@ -49,7 +49,17 @@ def set_timer(minutes: float = 0, seconds: float = 0, label: str = "") -> dict[s
     if not (0 < total <= MAX_TIMER_S):
         raise ValueError(f"a timer must last between 1 second and {MAX_TIMER_S // 3600} hours")
     ends = dt.datetime.now().astimezone() + dt.timedelta(seconds=total)
-    return {"status": "set", "seconds": round(total), "label": label, "rings_at": ends.strftime("%H:%M:%S")}
+    what = f"A timer for {duration_words(round(total))}" + (f" ({label})" if label else "")
+    return {"summary": f"{what} is set. It rings at {ends.strftime('%H:%M')}.", "status": "set",
+            "seconds": round(total), "label": label, "rings_at": ends.strftime("%H:%M:%S")}
+
+
+def duration_words(seconds: int) -> str:
+    """``seconds`` as a speakable duration: 300 → "5 minutes", 90 → "1 minute and 30 seconds",
+    3600 → "1 hour"."""
+    parts = [(seconds // 3600, "hour"), (seconds % 3600 // 60, "minute"), (seconds % 60, "second")]
+    said = [f"{n} {unit}{'' if n == 1 else 's'}" for n, unit in parts if n]
+    return " and ".join([", ".join(said[:-1]), said[-1]]) if len(said) > 1 else (said[0] if said else "0 seconds")
 
 
 _BINARY: dict[type, Callable[[Any, Any], Any]] = {
