@@ -1,6 +1,7 @@
 """``voxpipe bench memory``: does the server grow conversation after conversation (issue 37)?
 
-Starts ``voxpipe serve --llm LLM`` and runs N back-to-back conversations through it: each is
+Starts ``voxpipe serve --llm LLM`` and runs N back-to-back conversations through it (with
+``--talkers T``: N rounds of T conversations at once, a reading after each round): each is
 one session that plays ``--turns-per-conversation`` English clips of the test audio folder
 at real-time pace, waits for each reply (``response.done``, ``busy`` or ``turn.empty``),
 then closes. After each one, once the server is idle again (no session open, nothing in
@@ -57,6 +58,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--llm", default="smollm2", help="the server's --llm (smollm2)")
     p.add_argument("--conversations", type=int, default=10, help="back-to-back conversations (10)")
     p.add_argument("--turns-per-conversation", type=int, default=3, help="clips spoken per conversation (3)")
+    p.add_argument("--talkers", type=int, default=1,
+                   help="conversations at once in each round (1: back to back); a reading after each round")
     p.add_argument("--settle-s", type=float, default=2.0,
                    help="wait this long after the server is idle before each reading (2)")
     p.add_argument("--serve-args", default="", help="extra 'voxpipe serve' options")
@@ -189,11 +192,8 @@ def run(args: argparse.Namespace, clips: list[Path], port: int, pid: int | None 
     readings = [read(http, 0, args.settle_s, {}, pid)]
     turns = args.turns_per_conversation
     for k in range(1, args.conversations + 1):
-        start = (k - 1) * turns % len(clips)
-        mine = clips[start:] + clips[:start]
         rows: list[TurnRow] = []
-        asyncio.run(run_conversation(url, mine, k, rows, t0=time.perf_counter(), turns=turns, deadline=None,
-                                  timeout_s=args.turn_timeout))
+        asyncio.run(_round(url, clips, k, args.talkers, turns, args.turn_timeout, rows))
         outcomes: dict[str, int] = {}
         for row in rows:
             outcomes[row.outcome] = outcomes.get(row.outcome, 0) + 1
@@ -204,10 +204,22 @@ def run(args: argparse.Namespace, clips: list[Path], port: int, pid: int | None 
     return readings
 
 
+async def _round(url: str, clips: list[Path], k: int, talkers: int, turns: int, timeout_s: float,
+                 rows: list[TurnRow]) -> None:
+    """Round ``k``: ``talkers`` conversations at once, each from its own clip (rotated)."""
+    t0 = time.perf_counter()
+    runs = []
+    for j in range(talkers):
+        start = ((k - 1) * talkers + j) * turns % len(clips)
+        runs.append(run_conversation(url, clips[start:] + clips[:start], (k - 1) * talkers + j + 1, rows, t0=t0,
+                                     turns=turns, deadline=None, timeout_s=timeout_s))
+    await asyncio.gather(*runs)
+
+
 def main(args: argparse.Namespace) -> int:
     """``voxpipe bench memory``: start the server, run the conversations, print the table."""
-    if args.conversations < 1 or args.turns_per_conversation < 1:
-        print("--conversations and --turns-per-conversation must be >= 1")
+    if min(args.conversations, args.turns_per_conversation, args.talkers) < 1:
+        print("--conversations, --turns-per-conversation and --talkers must be >= 1")
         return 2
     clips = english_clips(Path(args.audio_dir))
     port = free_port()
@@ -219,10 +231,13 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         half = last_half(readings)
         print(json.dumps({"llm": args.llm, "turns_per_conversation": args.turns_per_conversation,
+                          "talkers": args.talkers,
                           "readings": [asdict(r) for r in readings],
                           "rss_slope_mib_per_conversation": slope([r.rss for r in half]) / MIB}, indent=1))
         return 0
-    print(f"\nvoxpipe bench memory: --llm {args.llm}, {args.conversations} conversations of "
-          f"{args.turns_per_conversation} turns (MB = MiB; read once idle + {args.settle_s:g} s)\n")
+    rounds = f"{args.conversations} rounds of {args.talkers} conversations at once" if args.talkers > 1 else \
+        f"{args.conversations} conversations"
+    print(f"\nvoxpipe bench memory: --llm {args.llm}, {rounds}, {args.turns_per_conversation} turns each "
+          f"(MB = MiB; read once idle + {args.settle_s:g} s)\n")
     print(format_table(readings))
     return 0

@@ -1,15 +1,19 @@
 """``voxpipe bench memory`` (bench/memory.py): its ``/metrics`` reading, slope and table on
-synthetic readings (fast; the real run is in docs/BENCHMARKS.md)."""
+synthetic readings, and a round of talkers through the server over fake models (fast; the
+real run is in docs/BENCHMARKS.md)."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import psutil
 import pytest
 
-from bench.memory import MIB, Reading, format_table, last_half, parts_of, proc_status, slope, smaps_split
+from bench.common import TurnRow, english_clips
+from bench.memory import MIB, Reading, _round, format_table, last_half, parts_of, proc_status, slope, smaps_split
 from cli.main import build_parser
+from tests.fake_server import fake_server
 
 PAGE = """# HELP voxpipe_memory_bytes the server process's resident memory by part
 # TYPE voxpipe_memory_bytes gauge
@@ -66,3 +70,19 @@ def test_the_options_parse():
     args = build_parser().parse_args(["bench", "memory", "--llm", "smollm2", "--conversations", "4",
                                       "--turns-per-conversation", "2"])
     assert (args.bench, args.llm, args.conversations, args.turns_per_conversation) == ("memory", "smollm2", 4, 2)
+    assert args.talkers == 1
+    assert build_parser().parse_args(["bench", "memory", "--talkers", "4"]).talkers == 4
+
+
+async def test_a_round_of_talkers_runs_its_conversations_at_once():
+    """Two conversations of one real clip each through the real server over fake models: both
+    sessions answered, each from its own clip, and they overlapped."""
+    clips = english_clips(Path(__file__).parent / "data" / "audio")
+    rows: list[TurnRow] = []
+    async with fake_server() as srv:
+        await _round(srv.ws, clips, 1, 2, 1, 60.0, rows)
+    assert sorted(r.session for r in rows) == [1, 2], rows
+    assert all(r.outcome == "answered" for r in rows), rows
+    assert len({r.clip for r in rows}) == 2, rows
+    first, second = sorted(rows, key=lambda r: r.t_s)
+    assert second.t_s < first.t_s + 1.0, rows  # both started at once, not one after the other
