@@ -122,6 +122,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     memory_bench_arguments(bsub.add_parser("memory", help="does the server grow conversation after conversation? "
                                                           "RSS and each memory part after every one"))
+    from bench.echo import add_arguments as echo_bench_arguments
+
+    echo_bench_arguments(bsub.add_parser("echo", help="voxpipe mic without headphones through a PulseAudio room: "
+                                                      "self-cut replies, self-answered turns, barge-in, v2v"))
     from bench.words import add_arguments as words_bench_arguments
 
     words_bench_arguments(bsub.add_parser("words", help="one-word turns (yeah, stop) heard per final-decode "
@@ -180,7 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
 BENCHES = {"asr": "bench.asr", "load": "bench.load", "quant": "bench.llm_quant", "silent": "bench.silent",
            "edge": "bench.edge", "ray": "bench.ray_overhead", "voice": "bench.voice", "replies": "bench.replies",
            "llm": "bench.llm", "roof": "bench.roof", "eot": "bench.eot", "turns": "bench.turns",
-           "words": "bench.words", "tools": "bench.tools", "quality": "bench.quality", "memory": "bench.memory"}
+           "words": "bench.words", "tools": "bench.tools", "quality": "bench.quality", "memory": "bench.memory",
+           "echo": "bench.echo"}
 """``voxpipe bench NAME`` → the module whose ``main(args)`` runs it."""
 
 

@@ -286,9 +286,9 @@ class TtsConfig:
     queue_size: int = 64
     """Bounded job queue; a full queue answers ``busy``."""
     bounded_arena: bool = flag(True, name="--tts-unbounded-arena")
-    """Piper: no memory pattern per input shape, and onnxruntime's CPU arena shrunk after each
-    phrase (:mod:`pipeline.tts.arena`), so a long run does not grow; ``--tts-unbounded-arena``
-    keeps onnxruntime's defaults."""
+    """Piper: no memory pattern per input shape, and onnxruntime's CPU arena shrunk whenever the
+    TTS stage goes idle (:mod:`pipeline.tts.arena`), so a long run does not grow;
+    ``--tts-unbounded-arena`` keeps onnxruntime's defaults."""
     playback_lead_s: float = 1.0
     """Reply audio is sent at most this far ahead of real-time playback (s), so a barge-in
     silences the client quickly."""

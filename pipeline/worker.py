@@ -199,10 +199,28 @@ class BatchWorker(Generic[In, Out]):
             jobs.append(job)
         return jobs
 
+    idle_after_s: float | None = None
+    """A worker that has had no job for this long calls :meth:`on_idle` once (None: never)."""
+
+    def on_idle(self) -> None:
+        """Called in a worker thread once it has waited :attr:`idle_after_s` for a job (once
+        per idle spell): release what the stage keeps between jobs. Nothing by default."""
+
     def _run(self) -> None:
         name_native_thread()
+        idle = False
         while True:
-            first = self._queue.get()
+            try:
+                wait = None if idle or self.idle_after_s is None else self.idle_after_s
+                first = self._queue.get(timeout=wait)
+            except queue.Empty:
+                idle = True
+                try:
+                    self.on_idle()
+                except Exception:
+                    logger.exception("%s: on_idle failed", self.name)
+                continue
+            idle = False
             if first.future is None:
                 return
             jobs = [j for j in self._collect(first) if j.future is not None and not j.future.cancelled()]

@@ -1,5 +1,5 @@
 """``voxpipe mic`` without headphones: a real PulseAudio daemon whose speaker is heard by the
-microphone at 0 dB (tests/pulse_audio.py), the real server and models, real speech.
+microphone at 0 dB (bench/pulse_room.py), the real server and models, real speech.
 
 One conversation: a spoken question is answered once, and in the 30 s after the reply the
 assistant never answers itself (no second ``you:`` turn); then, during a second reply, a
@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bench.pulse_room import play_as_human, pulse_room, scaled_copy
 from tests.conftest import ROOT
-from tests.pulse_audio import play_as_human, pulse_room, scaled_copy
 
 QUESTION = "en_librispeech_1988-24833-0003.wav"  # "When are you getting rid of these cats? ..."
 INTERRUPTION = "en_jfk_inaugural_1961.wav"

@@ -19,6 +19,11 @@ from pipeline.worker import BatchWorker
 
 logger = logging.getLogger(__name__)
 
+IDLE_SHRINK_S = 1.0
+"""After this long without a phrase (s), Piper's bounded arena is shrunk (:meth:`TtsEngine.on_idle`)."""
+SHRINK_TEXT = "Okay."
+"""The one-word run whose end shrinks the arena."""
+
 
 class PhraseEngine(BatchWorker[str, Speech]):
     """The process-wide TTS stage: phrase jobs from every session, one model shared by a
@@ -66,6 +71,17 @@ class TtsEngine(PhraseEngine):
         super().__init__(cfg)
         self.voice = voice
         self.sample_rate = int(voice.config.sample_rate)
+        if hasattr(voice.session, "shrink_next"):  # a bounded arena (pipeline.tts.arena)
+            self.idle_after_s = IDLE_SHRINK_S
+
+    def on_idle(self) -> None:
+        """Shrink onnxruntime's arena with a one-word run (a few ms), once per idle spell (a
+        no-op without the bounded arena)."""
+        if not hasattr(self.voice.session, "shrink_next"):
+            return
+        self.voice.session.shrink_next()
+        for _ in self.voice.synthesize(SHRINK_TEXT):
+            pass
 
     def synthesize(self, text: str) -> Speech:
         """Speak ``text`` after :func:`verbalize` (units, money, numbers as words) and

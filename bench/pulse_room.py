@@ -1,4 +1,5 @@
-"""A private PulseAudio daemon for tests: a room where the speaker is heard by the microphone.
+"""A private PulseAudio daemon: a room where the speaker is heard by the microphone (for
+tests/test_mic_loopback.py and ``voxpipe bench echo``).
 
 Topology (``module-null-sink``s, no sound card):
 
@@ -6,9 +7,10 @@ Topology (``module-null-sink``s, no sound card):
     test's human (paplay --device=room) ─────────────────────────────────────────────▶ sink "room"
     voxpipe mic's microphone ◀── "room.monitor" (the default source)
 
-so everything the client plays reaches its microphone at 0 dB, mixed with what a test plays
-as the human. Clients reach it through ``PULSE_SERVER`` (PortAudio through ALSA's pulse
-plugin, which Debian's ``pulseaudio`` package makes the ALSA default while a server runs).
+so everything the client plays reaches its microphone at ``leak_db`` (0 dB: unity; None:
+not at all, as through headphones), mixed with what a test plays as the human. Clients reach
+it through ``PULSE_SERVER`` (PortAudio through ALSA's pulse plugin, which Debian's
+``pulseaudio`` package makes the ALSA default while a server runs).
 """
 
 from __future__ import annotations
@@ -33,9 +35,14 @@ set-default-source room.monitor
 
 
 @contextmanager
-def pulse_room(folder: Path) -> Iterator[dict[str, str]]:
+def pulse_room(folder: Path, leak_db: float | None = 0.0) -> Iterator[dict[str, str]]:
     """Run ``pulseaudio`` with :data:`SCRIPT` in ``folder`` until the block ends; yields the
     environment for its clients (``PULSE_SERVER``, ``XDG_RUNTIME_DIR``).
+
+    Args:
+        folder: where the daemon's socket, runtime folder and log go.
+        leak_db: the speaker's level at the microphone (dB, ≤ 0: the loopback's volume);
+            None: the speaker is not heard at all (the loopback is unloaded).
 
     Raises:
         RuntimeError: ``pulseaudio`` is not installed or did not come up within 30 s.
@@ -57,6 +64,7 @@ def pulse_room(folder: Path) -> Iterator[dict[str, str]]:
             if proc.poll() is not None or time.time() > deadline:
                 raise RuntimeError(f"pulseaudio did not start: {(folder / 'pulseaudio.log').read_text()[-2000:]}")
             time.sleep(0.2)
+        _set_leak(env, leak_db)
         yield env
     finally:
         proc.terminate()
@@ -66,6 +74,40 @@ def pulse_room(folder: Path) -> Iterator[dict[str, str]]:
             proc.kill()
             proc.wait()
         log.close()
+
+
+def _set_leak(env: dict[str, str], leak_db: float | None) -> None:
+    """Set the loopback's volume to ``leak_db`` (:func:`pulse_volume`), or unload it for None.
+
+    Raises:
+        RuntimeError: the loopback's stream did not appear within 10 s.
+    """
+    if leak_db is None:
+        subprocess.run(["pactl", "unload-module", "module-loopback"], env=env, check=True, capture_output=True)
+        return
+    deadline = time.time() + 10
+    while True:
+        listing = subprocess.run(["pactl", "list", "short", "sink-inputs"], env=env, capture_output=True, text=True)
+        ids = [line.split()[0] for line in listing.stdout.splitlines() if line.strip()]
+        if ids:
+            break
+        if time.time() > deadline:
+            raise RuntimeError("the room's loopback stream did not appear")
+        time.sleep(0.1)
+    for idx in ids:  # the loopback is the only stream before any client plays
+        subprocess.run(["pactl", "set-sink-input-volume", idx, str(pulse_volume(leak_db))], env=env, check=True,
+                       capture_output=True)
+
+
+PA_VOLUME_NORM = 0x10000
+"""PulseAudio's 100 % volume (pulse/volume.h)."""
+
+
+def pulse_volume(db: float) -> int:
+    """The raw PulseAudio volume for a gain of ``db`` decibels: its software volumes are cubic
+    in amplitude (pulse/volume.c ``pa_sw_volume_from_linear``), so the cube root of the
+    amplitude times :data:`PA_VOLUME_NORM`. (pactl's own ``-20dB`` is read as an option.)"""
+    return round(PA_VOLUME_NORM * (10 ** (db / 20)) ** (1 / 3))
 
 
 def play_as_human(env: dict[str, str], wav: Path, *, wait: bool = True) -> subprocess.Popen:

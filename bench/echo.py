@@ -1,0 +1,269 @@
+"""``voxpipe bench echo``: ``voxpipe mic`` without headphones, run after run (issue 36).
+
+Starts ``voxpipe serve --llm LLM``, then for each leak level (``--leak-db``, the speaker's level
+at the microphone: :func:`bench.pulse_room.pulse_room`) runs ``--runs`` conversations, each in a
+fresh PulseAudio room with a fresh ``voxpipe mic --echo MODE`` (so the echo canceller starts
+cold every time, as on a new session). A run:
+
+1. waits a random 0-1.5 s, then plays a question clip into the room as the human (the clips
+   rotate run by run); the room's speaker is recorded meanwhile (``parec``);
+2. waits for the reply to end (its latency line, or an interruption), then listens
+   ``--quiet-s`` more;
+3. plays another question, waits until its reply is playing, 2.5 s more (past the merge window),
+   then a human voice ``--human-over-db`` over the leaked reply level, and waits for the reply
+   to be cut.
+
+Per run it counts: replies cut before step 3 (the assistant's own voice cut it: ``self-cut``),
+``you:`` turns beyond the questions (``self-answered``), the words of the first ``you:`` line
+that are not in the clip's reference transcript but are in the first reply (``leaked
+words``), whether the human cut the second reply, and the first reply's voice-to-voice delay
+as heard in the room: from the end of the question's speech (its last 20 ms block above
+-40 dBFS, placed on the clock where ``paplay`` started) to the first 20 ms block of the
+speaker's recording above -45 dBFS (ms; ``paplay``'s own start-up delay is in both modes
+alike). A last row runs ``--headphones-runs`` with ``--echo off`` and no leak at all.
+
+Prints one row per level: runs, sums, the barge-ins that worked, the v2v p50 (and max).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from bench.common import english_rows
+from bench.pulse_room import play_as_human, pulse_room, scaled_copy
+from bench.server import free_port, start_server, stop_server
+
+REPLY_DBFS = -19.5
+"""Piper's joe voice: RMS over its voiced 20 ms blocks (dBFS), the level its echo has at 0 dB."""
+BLOCK_S = 0.02
+SPEECH_DBFS = -40.0
+"""A block of the question above this is speech (its end: the last such block)."""
+PLAYBACK_DBFS = -45.0
+"""A block of the speaker's recording above this is the reply playing."""
+REC_RATE = 16000
+MERGE_S = 2.5
+"""Wait after the second reply starts before the human talks: past the 2 s merge window."""
+
+
+@dataclass(slots=True)
+class Run:
+    """One conversation's counts (see the module docstring)."""
+
+    leak_db: float | None
+    echo: str
+    clip: str
+    self_cut: int = 0
+    self_answered: int = 0
+    leaked_words: int = 0
+    heard: bool = False  # the first question got its ``you:`` line
+    barge_in: bool | None = None  # None: step 3 not reached
+    v2v_ms: float | None = None
+    error: str = ""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--llm", default="smollm2", help="the server's --llm (smollm2)")
+    p.add_argument("--leak-db", default="0,-20,-35", help="leak levels in dB, comma-separated (0,-20,-35)")
+    p.add_argument("--runs", type=int, default=10, help="runs per level (10)")
+    p.add_argument("--headphones-runs", type=int, default=3, help="runs with --echo off and no leak (3)")
+    p.add_argument("--echo", default="auto", help="voxpipe mic --echo (auto)")
+    p.add_argument("--quiet-s", type=float, default=20.0, help="listen this long after the first reply (20)")
+    p.add_argument("--human-over-db", type=float, default=10.0, help="the barge-in voice over the leak (10 dB)")
+    p.add_argument("--serve-args", default="", help="extra 'voxpipe serve' options")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--audio-dir", default=str(Path(__file__).resolve().parent.parent / "tests" / "data" / "audio"))
+    p.add_argument("--keep", default=None, help="keep each run's client output in this folder")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def words(text: str) -> list[str]:
+    """Lower-case words of ``text`` (letters, digits and apostrophes)."""
+    return re.findall(r"[a-z0-9']+", text.lower())
+
+
+def leaked(heard: str, reference: str, reply: str) -> int:
+    """Words of ``heard`` (the user's transcript) found in ``reply`` but not in ``reference``."""
+    ref, said = set(words(reference)), set(words(reply))
+    return sum(1 for w in words(heard) if w not in ref and w in said)
+
+
+def block_dbfs(x: np.ndarray, rate: int) -> np.ndarray:
+    """RMS level (dBFS) of each :data:`BLOCK_S` block of ``x`` (float, mono)."""
+    n = int(rate * BLOCK_S)
+    blocks = x[: len(x) // n * n].reshape(-1, n) if len(x) >= n else np.zeros((0, n), np.float32)
+    return 20 * np.log10(np.sqrt(np.mean(np.square(blocks), axis=1)) + 1e-9)
+
+
+def speech_end_s(path: Path) -> float:
+    """Where the clip's speech ends (s): the end of its last block above :data:`SPEECH_DBFS`."""
+    import soundfile as sf
+
+    data, rate = sf.read(str(path), dtype="float32", always_2d=True)
+    level = block_dbfs(data.mean(axis=1), rate)
+    loud = np.nonzero(level > SPEECH_DBFS)[0]
+    return float((loud[-1] + 1) * BLOCK_S) if loud.size else 0.0
+
+
+def first_sound_s(raw: Path, after_s: float) -> float | None:
+    """The first block of the s16le mono :data:`REC_RATE` recording ``raw`` above
+    :data:`PLAYBACK_DBFS` at or after ``after_s`` (s from the recording's start), or None."""
+    x = np.frombuffer(raw.read_bytes(), dtype="<i2").astype(np.float32) / 32768
+    level = block_dbfs(x, REC_RATE)
+    start = max(0, int(after_s / BLOCK_S))
+    loud = np.nonzero(level[start:] > PLAYBACK_DBFS)[0]
+    return float((start + loud[0]) * BLOCK_S) if loud.size else None
+
+
+def _wait_for(log: Path, pred, timeout_s: float) -> str | None:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        text = log.read_text(errors="replace")
+        if pred(text):
+            return text
+        time.sleep(0.1)
+    return None
+
+
+def _you_lines(text: str) -> list[str]:
+    return [ln[5:] for ln in text.splitlines() if ln.startswith("you: ")]
+
+
+def _reply_text(text: str) -> str:
+    return " ".join(ln[9:] for ln in text.splitlines() if ln.startswith("voxpipe: "))
+
+
+def one_run(url: str, leak_db: float | None, echo: str, question: dict, second: dict, audio_dir: Path,
+            args: argparse.Namespace, rng: random.Random, folder: Path) -> Run:
+    """One conversation in a fresh room (see the module docstring)."""
+    run = Run(leak_db, echo, question["file"])
+    out, rec = folder / "mic.txt", folder / "speaker.raw"
+    human_dbfs = REPLY_DBFS + (leak_db or 0.0) + args.human_over_db
+    voice = audio_dir / "en_jfk_inaugural_1961.wav"
+    human = scaled_copy(voice, folder / "human.wav", human_dbfs - _clip_dbfs(voice))
+    with pulse_room(folder / "pulse", leak_db) as env, open(out, "w") as fh:
+        client = subprocess.Popen([sys.executable, "-m", "cli", "mic", "--url", url, "--echo", echo], env=env,
+                                  stdout=fh, stderr=subprocess.STDOUT, text=True)
+        recorder = None
+        try:
+            if _wait_for(out, lambda t: "[listening]" in t, 120) is None:
+                run.error = "the client did not start"
+                return run
+            recorder = subprocess.Popen(["parec", "-d", "speaker.monitor", "--format=s16le", f"--rate={REC_RATE}",
+                                         "--channels=1", "--raw", str(rec)], env=env)
+            rec_t0 = time.time()
+            time.sleep(rng.uniform(0.0, 1.5))
+            q_t0 = time.time()
+            play_as_human(env, audio_dir / question["file"])
+            text = _wait_for(out, lambda t: "latency:" in t or "(interrupted" in t, 180)
+            if text is None:
+                run.error = "no reply"
+                return run
+            time.sleep(args.quiet_s)
+            text = out.read_text(errors="replace")
+            heard = _you_lines(text)
+            run.heard = bool(heard)
+            run.self_answered = max(0, len(heard) - 1)
+            run.self_cut = text.count("(interrupted")
+            if heard:
+                run.leaked_words = leaked(heard[0], question["reference_transcript"], _reply_text(text))
+            at = first_sound_s(rec, q_t0 - rec_t0 + speech_end_s(audio_dir / question["file"]))
+            if at is not None:
+                run.v2v_ms = round((at - (q_t0 - rec_t0 + speech_end_s(audio_dir / question["file"]))) * 1000)
+            before_you = len(heard)
+            play_as_human(env, audio_dir / second["file"])
+            playing = _wait_for(out, lambda t: len(_you_lines(t)) > before_you
+                                and "[speaking]" in t.rsplit("you: ", 1)[1], 120)
+            if playing is None:
+                return run
+            time.sleep(MERGE_S)
+            mark = len(out.read_text(errors="replace"))
+            play_as_human(env, human, wait=False)
+            cut = _wait_for(out, lambda t: "(interrupted: you talked over it)" in t[mark:]
+                            or "(interrupted: you went on)" in t[mark:], 60)
+            run.barge_in = cut is not None
+        finally:
+            if recorder is not None:
+                recorder.terminate()
+                recorder.wait(10)
+            if client.poll() is None:
+                client.send_signal(signal.SIGINT)
+            try:
+                client.wait(30)
+            except subprocess.TimeoutExpired:
+                client.kill()
+                client.wait()
+    return run
+
+
+def _clip_dbfs(path: Path) -> float:
+    import soundfile as sf
+
+    data, _ = sf.read(str(path), dtype="float32")
+    return float(20 * np.log10(np.sqrt(np.mean(np.square(data))) + 1e-9))
+
+
+def format_table(runs: list[Run]) -> str:
+    """One row per (leak, echo mode): sums over its runs and the v2v p50 (max)."""
+    head = ["leak dB", "echo", "runs", "heard", "self-cut replies", "self-answered turns", "leaked words",
+            "barge-in cut", "first-reply v2v p50 (max) ms", "errors"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    keys = list(dict.fromkeys((r.leak_db, r.echo) for r in runs))
+    for leak_db, echo in keys:
+        rs = [r for r in runs if (r.leak_db, r.echo) == (leak_db, echo)]
+        v2v = [r.v2v_ms for r in rs if r.v2v_ms is not None]
+        tried = [r for r in rs if r.barge_in is not None]
+        lines.append("| " + " | ".join([
+            "none (headphones)" if leak_db is None else f"{leak_db:g}", echo, str(len(rs)),
+            str(sum(r.heard for r in rs)), str(sum(r.self_cut for r in rs)), str(sum(r.self_answered for r in rs)),
+            str(sum(r.leaked_words for r in rs)), f"{sum(bool(r.barge_in) for r in tried)}/{len(tried)}",
+            f"{statistics.median(v2v):.0f} ({max(v2v):.0f})" if v2v else "-",
+            str(sum(bool(r.error) for r in rs))]) + " |")
+    return "\n".join(lines)
+
+
+def main(args: argparse.Namespace) -> int:
+    """``voxpipe bench echo``: start the server, run every level, print the table."""
+    levels = [float(x) for x in args.leak_db.split(",") if x.strip()]
+    audio_dir = Path(args.audio_dir)
+    rows = english_rows(audio_dir)
+    rng = random.Random(args.seed)
+    port = free_port()
+    proc = start_server(args.llm, port, args.serve_args.split())
+    runs: list[Run] = []
+    plan: list[tuple[float | None, str]] = [(db, args.echo) for db in levels for _ in range(args.runs)]
+    plan += [(None, "off")] * args.headphones_runs
+    try:
+        for i, (db, echo) in enumerate(plan):
+            with tempfile.TemporaryDirectory() as tmp:
+                run = one_run(f"ws://127.0.0.1:{port}/ws", db, echo, rows[i % len(rows)],
+                              rows[(i + 3) % len(rows)], audio_dir, args, rng, Path(tmp))
+                if args.keep:
+                    keep = Path(args.keep)
+                    keep.mkdir(parents=True, exist_ok=True)
+                    (keep / f"run{i:02d}.txt").write_text((Path(tmp) / "mic.txt").read_text(errors="replace"))
+            runs.append(run)
+            if not args.json:
+                print(f"run {i + 1}/{len(plan)}: {json.dumps(asdict(run))}", flush=True)
+    finally:
+        stop_server(proc)
+    if args.json:
+        print(json.dumps({"llm": args.llm, "runs": [asdict(r) for r in runs]}, indent=1))
+        return 0
+    print(f"\nvoxpipe bench echo: --llm {args.llm}, voxpipe mic --echo {args.echo}, {args.runs} runs per level, "
+          f"listening {args.quiet_s:g} s after the first reply, the barge-in voice {args.human_over_db:g} dB over "
+          "the leak\n")
+    print(format_table(runs))
+    return 0

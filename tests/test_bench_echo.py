@@ -1,0 +1,51 @@
+"""``voxpipe bench echo`` (bench/echo.py) and its room (bench/pulse_room.py): the counting,
+the levels and the table on synthetic input (fast; the real runs are in docs/BENCHMARKS.md
+and tests/test_mic_loopback.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from bench.echo import Run, block_dbfs, first_sound_s, format_table, leaked, speech_end_s
+from bench.pulse_room import PA_VOLUME_NORM, pulse_volume
+from cli.main import build_parser
+
+
+def test_leaked_words_are_the_replys_words_the_speaker_did_not_say():
+    assert leaked("when are you getting rid of these cats that's the story", "WHEN ARE YOU GETTING RID OF THESE CATS",
+                  "That's the story of my cats.") == 3
+    assert leaked("when are you getting rid of these cats", "WHEN ARE YOU GETTING RID OF THESE CATS",
+                  "Cats are nice.") == 0
+
+
+def test_pulse_volume_is_cubic_in_amplitude():
+    assert pulse_volume(0) == PA_VOLUME_NORM
+    assert pulse_volume(-20) == round(PA_VOLUME_NORM * 0.1 ** (1 / 3))  # 30419: pactl shows -20.00 dB
+    assert pulse_volume(-35) < pulse_volume(-20) < pulse_volume(0)
+
+
+def test_levels_find_where_speech_ends_and_where_playback_starts(tmp_path):
+    rate = 16000
+    tone = 0.3 * np.sin(2 * np.pi * 220 * np.arange(rate) / rate).astype(np.float32)
+    clip = np.concatenate([tone, np.zeros(rate // 2, np.float32)])  # 1 s of sound, 0.5 s of silence
+    sf.write(tmp_path / "q.wav", clip, rate)
+    assert speech_end_s(tmp_path / "q.wav") == pytest.approx(1.0, abs=0.021)
+    rec = np.concatenate([np.zeros(rate, np.float32), tone[: rate // 4], np.zeros(rate, np.float32), tone])
+    (tmp_path / "r.raw").write_bytes((rec * 32767).astype("<i2").tobytes())
+    assert first_sound_s(tmp_path / "r.raw", 0.0) == pytest.approx(1.0, abs=0.021)
+    assert first_sound_s(tmp_path / "r.raw", 1.5) == pytest.approx(2.25, abs=0.021)
+    assert first_sound_s(tmp_path / "r.raw", 9.0) is None
+    assert block_dbfs(np.ones(320, np.float32), rate)[0] == pytest.approx(0.0, abs=0.01)
+
+
+def test_the_table_sums_each_level_and_the_options_parse():
+    runs = [Run(0.0, "auto", "a", heard=True, barge_in=True, v2v_ms=900),
+            Run(0.0, "auto", "b", heard=True, self_cut=1, leaked_words=2, barge_in=False, v2v_ms=1100),
+            Run(None, "off", "a", heard=True, barge_in=True, v2v_ms=850)]
+    table = format_table(runs).splitlines()
+    assert table[2] == "| 0 | auto | 2 | 2 | 1 | 0 | 2 | 1/2 | 1000 (1100) | 0 |"
+    assert table[3] == "| none (headphones) | off | 1 | 1 | 0 | 0 | 0 | 1/1 | 850 (850) | 0 |"
+    args = build_parser().parse_args(["bench", "echo", "--runs", "2", "--leak-db", "-20"])
+    assert (args.runs, args.leak_db, args.echo) == (2, "-20", "auto")
