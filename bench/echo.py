@@ -5,8 +5,9 @@ at the microphone: :func:`bench.pulse_room.pulse_room`) runs ``--runs`` conversa
 fresh PulseAudio room with a fresh ``voxpipe mic --echo MODE`` (so the echo canceller starts
 cold every time, as on a new session). A run:
 
-1. waits a random 0-1.5 s, then plays a question clip into the room as the human (the clips
-   rotate run by run); the room's speaker is recorded meanwhile (``parec``);
+1. waits a random 0-1.5 s, then plays a question clip into the room as the human (the
+   English clips but JFK's, which is the barge-in voice, rotate run by run); the room and
+   the speaker are recorded meanwhile (``parec``);
 2. waits for the reply to end (its latency line, or an interruption), then listens
    ``--quiet-s`` more;
 3. plays another question, waits until its reply is playing, 2.5 s more (past the merge window),
@@ -15,12 +16,10 @@ cold every time, as on a new session). A run:
 
 Per run it counts: replies cut before step 3 (the assistant's own voice cut it: ``self-cut``),
 ``you:`` turns beyond the questions (``self-answered``), the words of the first ``you:`` line
-that are not in the clip's reference transcript but are in the first reply (``leaked
-words``), whether the human cut the second reply, and the first reply's voice-to-voice delay
-as heard in the room: from the end of the question's speech (its last 20 ms block above
--40 dBFS, placed on the clock where ``paplay`` started) to the first 20 ms block of the
-speaker's recording above -45 dBFS (ms; ``paplay``'s own start-up delay is in both modes
-alike). A last row runs ``--headphones-runs`` with ``--echo off`` and no leak at all.
+that the reply said and the speaker did not (``leaked words``, :func:`leaked`), whether the
+human cut the second reply, and the first reply's voice-to-voice delay as heard in the room
+(:func:`heard_v2v_ms`). A last row runs ``--headphones-runs`` with
+``--echo off`` and no leak at all.
 
 Prints one row per level: runs, sums, the barge-ins that worked, the v2v p50 (and max).
 """
@@ -54,6 +53,8 @@ SPEECH_DBFS = -40.0
 PLAYBACK_DBFS = -45.0
 """A block of the speaker's recording above this is the reply playing."""
 REC_RATE = 16000
+HUMAN_VOICE = "en_jfk_inaugural_1961.wav"
+"""The barge-in voice; never a question (its long pauses would make turns of their own)."""
 MERGE_S = 2.5
 """Wait after the second reply starts before the human talks: past the 2 s merge window."""
 
@@ -95,9 +96,16 @@ def words(text: str) -> list[str]:
 
 
 def leaked(heard: str, reference: str, reply: str) -> int:
-    """Words of ``heard`` (the user's transcript) found in ``reply`` but not in ``reference``."""
-    ref, said = set(words(reference)), set(words(reply))
-    return sum(1 for w in words(heard) if w not in ref and w in said)
+    """Words of ``heard`` (the user's transcript) that the alignment with ``reference`` finds
+    inserted (not misheard in place of a word said: "Freer" for "Frere" is the ASR's) and that
+    ``reply`` holds: the reply's echo taken for the user's words."""
+    import difflib
+
+    got, ref, said = words(heard), words(reference), set(words(reply))
+    ops = difflib.SequenceMatcher(a=ref, b=got, autojunk=False).get_opcodes()
+    extra = [w for tag, i1, i2, j1, j2 in ops
+             if tag == "insert" or (tag == "replace" and j2 - j1 > i2 - i1) for w in got[j1:j2]]
+    return sum(1 for w in extra if w in said)
 
 
 def block_dbfs(x: np.ndarray, rate: int) -> np.ndarray:
@@ -117,14 +125,28 @@ def speech_end_s(path: Path) -> float:
     return float((loud[-1] + 1) * BLOCK_S) if loud.size else 0.0
 
 
-def first_sound_s(raw: Path, after_s: float) -> float | None:
-    """The first block of the s16le mono :data:`REC_RATE` recording ``raw`` above
-    :data:`PLAYBACK_DBFS` at or after ``after_s`` (s from the recording's start), or None."""
+def first_sound_s(raw: Path, after_s: float, dbfs: float = PLAYBACK_DBFS) -> float | None:
+    """The first block of the s16le mono :data:`REC_RATE` recording ``raw`` above ``dbfs`` at
+    or after ``after_s`` (s from the recording's start), or None."""
     x = np.frombuffer(raw.read_bytes(), dtype="<i2").astype(np.float32) / 32768
     level = block_dbfs(x, REC_RATE)
     start = max(0, int(after_s / BLOCK_S))
-    loud = np.nonzero(level[start:] > PLAYBACK_DBFS)[0]
+    loud = np.nonzero(level[start:] > dbfs)[0]
     return float((start + loud[0]) * BLOCK_S) if loud.size else None
+
+
+def heard_v2v_ms(speaker: Path, room: Path, question: Path) -> float | None:
+    """The first reply's delay as heard (ms): from the end of the question's speech to the
+    reply's first sound. The question starts at the room recording's first sound (nothing
+    plays before it) and its speech ends :func:`speech_end_s` later; the reply starts at the
+    speaker recording's first sound after that. Both recordings start together (two
+    ``parec`` started back to back). None when either is not found."""
+    start = first_sound_s(room, 0.0, SPEECH_DBFS)
+    if start is None:
+        return None
+    end = start + speech_end_s(question)
+    reply = first_sound_s(speaker, end)
+    return None if reply is None else round((reply - end) * 1000)
 
 
 def _wait_for(log: Path, pred, timeout_s: float) -> str | None:
@@ -149,23 +171,22 @@ def one_run(url: str, leak_db: float | None, echo: str, question: dict, second: 
             args: argparse.Namespace, rng: random.Random, folder: Path) -> Run:
     """One conversation in a fresh room (see the module docstring)."""
     run = Run(leak_db, echo, question["file"])
-    out, rec = folder / "mic.txt", folder / "speaker.raw"
+    out, rec, room = folder / "mic.txt", folder / "speaker.raw", folder / "room.raw"
     human_dbfs = REPLY_DBFS + (leak_db or 0.0) + args.human_over_db
-    voice = audio_dir / "en_jfk_inaugural_1961.wav"
+    voice = audio_dir / HUMAN_VOICE
     human = scaled_copy(voice, folder / "human.wav", human_dbfs - _clip_dbfs(voice))
     with pulse_room(folder / "pulse", leak_db) as env, open(out, "w") as fh:
         client = subprocess.Popen([sys.executable, "-m", "cli", "mic", "--url", url, "--echo", echo], env=env,
                                   stdout=fh, stderr=subprocess.STDOUT, text=True)
-        recorder = None
+        recorders: list[subprocess.Popen] = []
         try:
             if _wait_for(out, lambda t: "[listening]" in t, 120) is None:
                 run.error = "the client did not start"
                 return run
-            recorder = subprocess.Popen(["parec", "-d", "speaker.monitor", "--format=s16le", f"--rate={REC_RATE}",
-                                         "--channels=1", "--raw", str(rec)], env=env)
-            rec_t0 = time.time()
+            recorders = [subprocess.Popen(["parec", "-d", f"{sink}.monitor", "--format=s16le", f"--rate={REC_RATE}",
+                                           "--channels=1", "--raw", str(path)], env=env)
+                         for sink, path in (("speaker", rec), ("room", room))]
             time.sleep(rng.uniform(0.0, 1.5))
-            q_t0 = time.time()
             play_as_human(env, audio_dir / question["file"])
             text = _wait_for(out, lambda t: "latency:" in t or "(interrupted" in t, 180)
             if text is None:
@@ -179,9 +200,7 @@ def one_run(url: str, leak_db: float | None, echo: str, question: dict, second: 
             run.self_cut = text.count("(interrupted")
             if heard:
                 run.leaked_words = leaked(heard[0], question["reference_transcript"], _reply_text(text))
-            at = first_sound_s(rec, q_t0 - rec_t0 + speech_end_s(audio_dir / question["file"]))
-            if at is not None:
-                run.v2v_ms = round((at - (q_t0 - rec_t0 + speech_end_s(audio_dir / question["file"]))) * 1000)
+            run.v2v_ms = heard_v2v_ms(rec, room, audio_dir / question["file"])
             before_you = len(heard)
             play_as_human(env, audio_dir / second["file"])
             playing = _wait_for(out, lambda t: len(_you_lines(t)) > before_you
@@ -195,7 +214,7 @@ def one_run(url: str, leak_db: float | None, echo: str, question: dict, second: 
                             or "(interrupted: you went on)" in t[mark:], 60)
             run.barge_in = cut is not None
         finally:
-            if recorder is not None:
+            for recorder in recorders:
                 recorder.terminate()
                 recorder.wait(10)
             if client.poll() is None:
@@ -238,7 +257,7 @@ def main(args: argparse.Namespace) -> int:
     """``voxpipe bench echo``: start the server, run every level, print the table."""
     levels = [float(x) for x in args.leak_db.split(",") if x.strip()]
     audio_dir = Path(args.audio_dir)
-    rows = english_rows(audio_dir)
+    rows = [r for r in english_rows(audio_dir) if r["file"] != HUMAN_VOICE]
     rng = random.Random(args.seed)
     port = free_port()
     proc = start_server(args.llm, port, args.serve_args.split())

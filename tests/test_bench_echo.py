@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from bench.echo import Run, block_dbfs, first_sound_s, format_table, leaked, speech_end_s
+from bench.echo import Run, block_dbfs, first_sound_s, format_table, heard_v2v_ms, leaked, speech_end_s
 from bench.pulse_room import PA_VOLUME_NORM, pulse_volume
 from cli.main import build_parser
 
@@ -18,6 +18,11 @@ def test_leaked_words_are_the_replys_words_the_speaker_did_not_say():
                   "That's the story of my cats.") == 3
     assert leaked("when are you getting rid of these cats", "WHEN ARE YOU GETTING RID OF THESE CATS",
                   "Cats are nice.") == 0
+    # a word misheard in place (the reply repeats it back) is the ASR's, not a leak
+    assert leaked("Captain Freer says that the scenery is delightful.", "CAPTAIN FRERE SAYS THAT THE SCENERY IS "
+                  "DELIGHTFUL", "That's a great compliment, Captain Freer.") == 0
+    assert leaked("when are you getting rid that's the story these cats", "WHEN ARE YOU GETTING RID OF THESE CATS",
+                  "That's the story.") == 3
 
 
 def test_pulse_volume_is_cubic_in_amplitude():
@@ -38,6 +43,13 @@ def test_levels_find_where_speech_ends_and_where_playback_starts(tmp_path):
     assert first_sound_s(tmp_path / "r.raw", 1.5) == pytest.approx(2.25, abs=0.021)
     assert first_sound_s(tmp_path / "r.raw", 9.0) is None
     assert block_dbfs(np.ones(320, np.float32), rate)[0] == pytest.approx(0.0, abs=0.01)
+    # the room: 0.5 s quiet, then the question (1 s of sound); the speaker: the reply 0.8 s after its end
+    room = np.concatenate([np.zeros(rate // 2, np.float32), clip])
+    speaker = np.concatenate([np.zeros(int(rate * 2.3), np.float32), tone])
+    for name, x in (("room.raw", room), ("speaker.raw", speaker)):
+        (tmp_path / name).write_bytes((x * 32767).astype("<i2").tobytes())
+    v2v = heard_v2v_ms(tmp_path / "speaker.raw", tmp_path / "room.raw", tmp_path / "q.wav")
+    assert v2v == pytest.approx(800, abs=41)
 
 
 def test_the_table_sums_each_level_and_the_options_parse():
