@@ -1,10 +1,14 @@
 """``voxpipe mic`` without headphones: a real PulseAudio daemon whose speaker is heard by the
-microphone at 0 dB (bench/pulse_room.py), the real server and models, real speech.
+microphone at 0, -20 or -35 dB (bench/pulse_room.py), the real server and models, real speech.
 
-One conversation: a spoken question is answered once, and in the 30 s after the reply the
-assistant never answers itself (no second ``you:`` turn); then, during a second reply, a
-louder human voice cuts the reply (barge-in still works through the echo handling); Ctrl+C
-ends the session normally (``session.end``: the server logs ``closed (session_end)``)."""
+One conversation per case, each with its own question clip and start offset: the question is
+answered once, its reply is not cut by its own echo, the user's transcript holds no word the
+reply leaked into it (bench/echo.py's :func:`~bench.echo.leaked`), and in the
+:data:`QUIET_S` after the reply the assistant never answers itself (no second ``you:``
+turn); then, during a second reply, a human voice 10 dB louder than the reply cuts it
+(barge-in still works through the echo handling); Ctrl+C ends the session normally
+(``session.end``: the server logs ``closed (session_end)``). ``voxpipe bench echo`` runs the
+same conversation 10 times per level (docs/BENCHMARKS.md)."""
 
 from __future__ import annotations
 
@@ -17,17 +21,23 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bench.echo import leaked
 from bench.pulse_room import play_as_human, pulse_room, scaled_copy
 from tests.conftest import ROOT
 
-QUESTION = "en_librispeech_1988-24833-0003.wav"  # "When are you getting rid of these cats? ..."
 INTERRUPTION = "en_jfk_inaugural_1961.wav"
-QUIET_S = 30.0
+QUIET_S = 20.0
 """How long after the reply the test listens for the assistant answering itself."""
 HUMAN_DBFS = -9.0
 """The barge-in voice's RMS level: about 10 dB over Piper's replies (joe: -19.5 dBFS RMS over
 its voiced 20 ms blocks, -11 dBFS at its loudest block), so louder than their echo at the
-microphone (0 dB coupling)."""
+microphone at every leak level here."""
+CASES = [  # (echo mode, leak dB, question clip, seconds before the question)
+    ("auto", 0.0, "en_librispeech_1988-24833-0003.wav", 0.0),  # "When are you getting rid of these cats? ..."
+    ("auto", -20.0, "en_librispeech_3752-4944-0000.wav", 0.7),  # "Captain Frere says that the scenery ..."
+    ("auto", -35.0, "en_librivox_sense_and_sensibility_01_0880.wav", 1.3),  # "He was not an ill-disposed ..."
+    ("half-duplex", 0.0, "en_cmu_goforward.wav", 0.4),  # "Go forward ten meters."
+]
 
 
 def _wait_for(log: Path, pred, timeout_s: float, what: str) -> str:
@@ -47,18 +57,29 @@ def _rms_dbfs(path: Path) -> float:
     return float(20 * np.log10(np.sqrt(np.mean(np.square(data))) + 1e-9))
 
 
+def _reference(audio_dir: Path, clip: str) -> str:
+    import csv
+
+    with open(audio_dir / "manifest.tsv", newline="", encoding="utf-8") as fh:
+        return next(r["reference_transcript"] for r in csv.DictReader(fh, delimiter="\t") if r["file"] == clip)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("echo", ["auto", "half-duplex"])
-def test_mic_does_not_answer_itself_and_barge_in_still_cuts(echo, server, audio_dir, tmp_path):
+@pytest.mark.parametrize(("echo", "leak_db", "question", "offset_s"), CASES,
+                         ids=[f"{e}-{abs(db):g}dB" for e, db, _, _ in CASES])
+def test_mic_does_not_answer_itself_and_barge_in_still_cuts(echo, leak_db, question, offset_s, server, audio_dir,
+                                                            tmp_path):
+    question_wav = audio_dir / question
     human = scaled_copy(audio_dir / INTERRUPTION, tmp_path / "louder.wav",
                         HUMAN_DBFS - _rms_dbfs(audio_dir / INTERRUPTION))
     out = tmp_path / "mic.txt"
-    with pulse_room(tmp_path / "pulse") as env, open(out, "w") as fh:
+    with pulse_room(tmp_path / "pulse", leak_db) as env, open(out, "w") as fh:
         client = subprocess.Popen([sys.executable, "-m", "cli", "mic", "--url", server["url"], "--echo", echo],
                                   cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT, text=True)
         try:
             _wait_for(out, lambda t: "[listening]" in t, 120, "the client listening")
-            play_as_human(env, audio_dir / QUESTION)
+            time.sleep(offset_s)
+            play_as_human(env, question_wav)
             # the reply, heard in full: its latency line ends it
             text = _wait_for(out, lambda t: "latency:" in t or "(interrupted" in t, 300, "the reply")
             # the whole reply played: the assistant's own voice did not cut it
@@ -68,8 +89,10 @@ def test_mic_does_not_answer_itself_and_barge_in_still_cuts(echo, server, audio_
             heard = [ln for ln in text.splitlines() if ln.startswith("you: ")]
             assert len(heard) == 1, f"the assistant answered itself {len(heard) - 1} times:\n{text}"
             assert text.count("latency:") == 1, text
+            reply = " ".join(ln.removeprefix("voxpipe: ") for ln in text.splitlines() if ln.startswith("voxpipe: "))
+            assert leaked(heard[0].removeprefix("you: "), _reference(audio_dir, question), reply) == 0, text
 
-            play_as_human(env, audio_dir / QUESTION)
+            play_as_human(env, question_wav)
             _wait_for(out, lambda t: t.count("you: ") >= 2 and t.rsplit("you: ", 1)[1].count("[speaking]") >= 1,
                       300, "the second reply playing")
             time.sleep(2.5)  # past the 2 s merge window: a new turn, not the question going on
