@@ -19,7 +19,7 @@ Per run it counts: replies cut before step 3 (the assistant's own voice cut it: 
 that the reply said and the speaker did not (``leaked words``, :func:`leaked`), whether the
 human cut the second reply, and the first reply's voice-to-voice delay as heard in the room
 (:func:`heard_v2v_ms`). A last row runs ``--headphones-runs`` with
-``--echo off`` and no leak at all.
+``--echo off`` and no leak at all. The rows take turns, run by run (:func:`run_plan`).
 
 Prints one row per level: runs, sums, the barge-ins that worked, the v2v p50 (and max).
 """
@@ -253,6 +253,15 @@ def format_table(runs: list[Run]) -> str:
     return "\n".join(lines)
 
 
+def run_plan(levels: list[float], runs: int, echo: str, headphones_runs: int) -> list[tuple[float | None, str]]:
+    """The (leak dB or None for headphones, echo mode) of each run, round-robin over the rows
+    (the first run of every row, then the second, ...), so a machine's drift over the bench
+    touches every row alike."""
+    rows: list[list[tuple[float | None, str]]] = [[(db, echo)] * runs for db in levels]
+    rows.append([(None, "off")] * headphones_runs)
+    return [row[k] for k in range(max(map(len, rows))) for row in rows if k < len(row)]
+
+
 def main(args: argparse.Namespace) -> int:
     """``voxpipe bench echo``: start the server, run every level, print the table."""
     levels = [float(x) for x in args.leak_db.split(",") if x.strip()]
@@ -262,8 +271,7 @@ def main(args: argparse.Namespace) -> int:
     port = free_port()
     proc = start_server(args.llm, port, args.serve_args.split())
     runs: list[Run] = []
-    plan: list[tuple[float | None, str]] = [(db, args.echo) for db in levels for _ in range(args.runs)]
-    plan += [(None, "off")] * args.headphones_runs
+    plan = run_plan(levels, args.runs, args.echo, args.headphones_runs)
     try:
         for i, (db, echo) in enumerate(plan):
             with tempfile.TemporaryDirectory() as tmp:

@@ -61,3 +61,11 @@ def test_the_table_sums_each_level_and_the_options_parse():
     assert table[3] == "| none (headphones) | off | 1 | 1 | 0 | 0 | 0 | 1/1 | 850 (850) | 0 |"
     args = build_parser().parse_args(["bench", "echo", "--runs", "2", "--leak-db", "-20"])
     assert (args.runs, args.leak_db, args.echo) == (2, "-20", "auto")
+
+
+def test_the_rows_take_turns_run_by_run():
+    from bench.echo import run_plan
+
+    assert run_plan([0.0, -20.0], 2, "auto", 3) == [(0.0, "auto"), (-20.0, "auto"), (None, "off"),
+                                                    (0.0, "auto"), (-20.0, "auto"), (None, "off"), (None, "off")]
+    assert run_plan([-35.0], 1, "aec", 0) == [(-35.0, "aec")]
