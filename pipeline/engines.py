@@ -127,10 +127,10 @@ class Engines:
     tools: Toolbox | None = None
     """The server's own tools (``--tools``, ``--builtin-tool``; None: none)."""
     weights: dict[str, int] = field(default_factory=dict)
-    """Host memory the loaded models' weights take (bytes), by part of
-    ``voxpipe_memory_bytes`` (``weights_asr``, ``weights_tts``, ``weights_vad``,
-    ``weights_eot``; :func:`loaded_weights`); the LLMs' come from their engines. Empty
-    for fakes and remote stages."""
+    """Host memory known at load (bytes), by part of ``voxpipe_memory_bytes``: the models'
+    weights (``weights_asr``, ``weights_tts``, ``weights_vad``, ``weights_eot``;
+    :func:`loaded_weights`; the LLMs' come from their engines) and ``runtime`` (the
+    anonymous memory before any model loaded). Empty for fakes."""
 
     def loads(self) -> dict[str, StageLoad]:
         """Each stage's load snapshot, by stage name (``asr``, ``llm``, ``tts``, and ``eot``
@@ -273,6 +273,7 @@ def load_engines(cfg: VoxpipeConfig) -> Engines:
     if cfg.llm.burst_threads is None:  # auto: every stage runs in this process (LlmConfig.burst_threads)
         cfg = replace(cfg, llm=replace(cfg.llm, burst_threads=auto_burst_threads()))
     t0 = time.perf_counter()
+    runtime = memory_parts.anonymous_rss()  # the interpreter and the libraries imported so far
     tools = open_tools(cfg)  # a plugin that does not import fails before any model loads
     remote_llm: LlmStage | None = None
     if RemoteLlmSpec.is_remote(cfg.llm.model):  # a remote server is checked before any model loads
@@ -296,7 +297,7 @@ def load_engines(cfg: VoxpipeConfig) -> Engines:
             logger.info("fallback LLM loaded (%s)", name)
     logger.info("models loaded in %.1f s", time.perf_counter() - t0)
     engines = Engines(vad=vad, asr=asr, llm=llm, tts=tts, fallback_llm=fallback, eot=eot, tools=tools)
-    engines.weights = loaded_weights(cfg, engines)
+    engines.weights = {"runtime": runtime, **loaded_weights(cfg, engines)}
     engines.start()
     return engines
 

@@ -7,6 +7,9 @@ were the known parts over RSS, ``rest`` would be 0 and the sum over RSS; see :fu
 =================== ==========================================================================
 part                what, and how it is known
 =================== ==========================================================================
+``runtime``         anonymous memory before any model loaded: the interpreter and the imported
+                    libraries' own allocations (importing torch alone takes about 140 MB),
+                    measured once when the server starts loading (:func:`anonymous_rss`)
 ``weights_llm``     the LLM's weights (parameters, buffers, packed copies): tensors' bytes,
                     measured once at load (``MemoryPlan.weights``)
 ``weights_llm_fallback`` the fallback LLM's, once it has loaded
@@ -26,9 +29,10 @@ part                what, and how it is known
 ``files``           resident pages of mapped files and shared memory: mostly the shared
                     libraries' code and data (248 MB in a SmolLM2 server, bench memory;
                     psutil's ``shared``, the kernel's count: measured)
-``rest``            RSS − the parts above, all anonymous memory: the Python heap and
-                    sessions, torch's and onnxruntime's/CTranslate2's scratch and arenas,
-                    glibc's free-but-kept pages, thread stacks
+``rest``            RSS − the parts above, all anonymous memory grown since the start: the
+                    Python heap and sessions, libraries imported while loading, torch's and
+                    onnxruntime's/CTranslate2's scratch and arenas, glibc's free-but-kept
+                    pages, thread stacks
 =================== ==========================================================================
 
 Only host memory counts: a model on a GPU (an LLM with ``--device cuda``, Whisper on CUDA)
@@ -47,7 +51,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-PARTS = ("weights_llm", "weights_llm_fallback", "weights_asr", "weights_tts", "weights_vad", "weights_eot",
+PARTS = ("runtime", "weights_llm", "weights_llm_fallback", "weights_asr", "weights_tts", "weights_vad", "weights_eot",
          "kv_used", "kv_reserved", "prefix_cache", "files", "rest")
 """Every part, in the order the gauge and ``bench memory`` list them."""
 
@@ -69,6 +73,15 @@ def split_rss(rss: int, known: Mapping[str, int]) -> dict[str, int]:
     out.update(known)
     out["rest"] = max(0, rss - sum(known.values()))
     return out
+
+
+def anonymous_rss() -> int:
+    """This process's resident anonymous memory now (bytes): RSS less resident file-backed and
+    shared pages (psutil's ``rss - shared``, read from ``/proc/self/statm``; Linux)."""
+    import psutil
+
+    m = psutil.Process().memory_info()
+    return max(0, m.rss - getattr(m, "shared", 0))
 
 
 def file_bytes(paths: Iterable[str | Path]) -> int:

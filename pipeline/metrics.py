@@ -89,7 +89,8 @@ LLM_BATCH = Histogram("voxpipe_llm_batch_size", "requests per LLM decode step",
 QUEUE_DEPTH = Gauge("voxpipe_queue_depth", "requests waiting per stage", ["stage"], registry=REGISTRY)
 RSS_BYTES = Gauge("voxpipe_process_rss_bytes", "resident memory of the server process", registry=REGISTRY)
 MEMORY = Gauge("voxpipe_memory_bytes",
-               "the server process's resident memory by part (pipeline/memory_parts.py): weights_llm, "
+               "the server process's resident memory by part (pipeline/memory_parts.py): runtime (before "
+               "any model loaded), weights_llm, "
                "weights_llm_fallback, weights_asr, weights_tts, weights_vad, weights_eot, kv_used, kv_reserved "
                "(allocated KV not holding tokens), prefix_cache, files (mapped files: libraries), rest (RSS minus the "
                "others, never below 0); the parts sum to voxpipe_process_rss_bytes", ["part"], registry=REGISTRY)

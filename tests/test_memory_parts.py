@@ -98,3 +98,35 @@ def test_an_llm_on_a_gpu_holds_no_host_memory_here():
     assert memory_parts.llm_parts(SimpleNamespace(memory=plan, runner=runner)) == {
         "weights_llm": 10 * MIB, "kv_used": 0, "kv_reserved": 0, "prefix_cache": 0}
     assert memory_parts.llm_parts(SimpleNamespace()) == {}  # a remote LLM or a fake
+
+
+def test_anonymous_rss_sees_memory_touched():
+    import numpy as np
+
+    before = memory_parts.anonymous_rss()
+    block = np.ones(64 * MIB // 8)  # 64 MiB written: resident, anonymous
+    assert memory_parts.anonymous_rss() - before > 48 * MIB
+    del block
+
+
+@pytest.mark.slow
+def test_the_real_servers_parts_name_its_runtime_and_weights(server):
+    """The real server (SmolLM2, Whisper, Piper, Silero, Smart Turn): ``runtime`` (measured
+    before the models loaded) and every model's weights are named, and the parts sum to the
+    RSS gauge of the same scrape."""
+    import urllib.request
+
+    with urllib.request.urlopen(server["http"] + "/metrics", timeout=30) as r:
+        body = r.read().decode()
+    rss, parts = 0.0, {}
+    for family in text_string_to_metric_families(body):
+        for s in family.samples:
+            if s.name == "voxpipe_process_rss_bytes":
+                rss = s.value
+            elif s.name == "voxpipe_memory_bytes":
+                parts[s.labels["part"]] = s.value
+    assert set(parts) == set(PARTS)
+    assert 50 * MIB < parts["runtime"] < rss  # importing torch alone takes more than that
+    for part in ("weights_llm", "weights_asr", "weights_tts", "weights_vad", "files"):
+        assert parts[part] > 0, part
+    assert sum(parts.values()) == pytest.approx(rss, abs=1)
