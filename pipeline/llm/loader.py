@@ -88,19 +88,29 @@ def llm_folder(name: str) -> Path:
     Args:
         name: ``qwen``, ``smollm2``, or a path to a local transformers model folder.
 
+    Threads and processes that ask at once convert once (a thread lock, then a file lock
+    beside the folder); the others wait for it.
+
     Raises:
         ValueError: unknown name, or a GGUF that fails its hash check.
         ModelNotInstalled: the model package is not installed.
     """
     if os.path.isdir(name):
         return Path(name)
+    from filelock import FileLock
+
     dest = model_files.cache_dir() / "llm" / name
     with _CONVERT_LOCK:
-        if not (dest / "config.json").exists():
-            gguf = _gguf_for(name)
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            logger.info("converting %s into %s (once)", gguf, dest)
-            _convert(gguf, dest)
+        if (dest / "config.json").exists():
+            return dest
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        # two processes starting on an empty cache (two servers, a bench and a test) convert
+        # once: the second waits for the first's folder instead of racing it into place
+        with FileLock(str(dest.parent / f"{name}.lock")):
+            if not (dest / "config.json").exists():
+                gguf = _gguf_for(name)
+                logger.info("converting %s into %s (once)", gguf, dest)
+                _convert(gguf, dest)
     return dest
 
 
