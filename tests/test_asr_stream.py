@@ -121,7 +121,7 @@ def test_stream_past_30_s_keeps_partials_and_words(asr, audio_dir, manifest, lea
 def test_audio_faster_than_real_time_loses_no_words(asr, audio_dir, manifest):
     """~91 s of speech (the English clips twice) arriving as one message, and as 20 ms
     frames with no pacing, gives a final transcript as good as at real-time pace (it
-    used to keep only the first and last ~20 s: WER 0.52)."""
+    used to keep only the first and last ~20 s: WER 0.52), with no audio skipped."""
     names = english(manifest) * 2
     x = np.concatenate([clip(audio_dir, n) for n in names])
     ref = " ".join(manifest[n]["reference_transcript"] for n in names)
@@ -142,7 +142,12 @@ def test_audio_faster_than_real_time_loses_no_words(asr, audio_dir, manifest):
     try:
         for frame in (len(x), STEP):
             text = asyncio.run(fast(frame))
-            assert dropped_phrases(ref, text) == [], (frame, text)
+            # Skipped audio drops whole windows (12 s or more). Whisper itself may leave out one
+            # short phrase where two recordings meet: on a 2-core AVX2 EPYC, tiny.en wrote "He
+            # was not an ill-disposed young man. The earliest book ..." for both decodes of the
+            # window that held "Go forward 10 meters" (another speaker's clip) between them.
+            missed = dropped_phrases(ref, text)
+            assert len(missed) <= 1 and all(len(p.split()) <= 4 for p in missed), (frame, missed, text)
             assert wer(ref, text) <= paced + 0.03, (frame, paced, text)
     finally:
         asr.stop()
