@@ -84,6 +84,37 @@ def anonymous_rss() -> int:
     return max(0, m.rss - getattr(m, "shared", 0))
 
 
+def malloc_free() -> int:
+    """Bytes in the free chunks of glibc's malloc heaps, all arenas (``mallinfo2().fordblks``;
+    glibc 2.33+); 0 elsewhere. Not a part of :data:`PARTS`: freed memory belongs to whichever
+    part allocated it (``rest`` mostly, ``runtime`` too), and a free chunk's pages may or may
+    not be resident; ``voxpipe_malloc_free_bytes`` shows what ``malloc_trim`` could at most
+    give back. Takes each arena's lock briefly (a walk of its bins)."""
+    global _MALLINFO2
+    if _MALLINFO2 is None:
+        _MALLINFO2 = _load_mallinfo2()
+    return 0 if _MALLINFO2 is False else int(_MALLINFO2().fordblks)
+
+
+_MALLINFO2: Any = None
+
+
+def _load_mallinfo2() -> Any:
+    import ctypes
+    import ctypes.util
+
+    class Mallinfo2(ctypes.Structure):
+        _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                         "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+    try:
+        fn = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallinfo2
+    except (OSError, AttributeError):
+        return False
+    fn.restype, fn.argtypes = Mallinfo2, []
+    return fn
+
+
 def file_bytes(paths: Iterable[str | Path]) -> int:
     """Total size of ``paths`` (bytes); a missing file counts 0 (a model loaded from memory)."""
     total = 0

@@ -94,6 +94,10 @@ MEMORY = Gauge("voxpipe_memory_bytes",
                "weights_llm_fallback, weights_asr, weights_tts, weights_vad, weights_eot, kv_used, kv_reserved "
                "(allocated KV not holding tokens), prefix_cache, files (mapped files: libraries), rest (RSS minus the "
                "others, never below 0); the parts sum to voxpipe_process_rss_bytes", ["part"], registry=REGISTRY)
+MALLOC_FREE = Gauge("voxpipe_malloc_free_bytes",
+                    "freed memory glibc's malloc keeps for reuse, all arenas (mallinfo2 fordblks; 0 without glibc "
+                    "2.33+): within the memory parts (mostly rest), at most what malloc_trim could return",
+                    registry=REGISTRY)
 LLM_MEMORY_BUDGET = Gauge("voxpipe_llm_memory_budget_bytes",
                           "the LLM's memory budget: weights + KV cache + one step's activations "
                           "(--memory-budget, or derived from free memory at load)", registry=REGISTRY)
@@ -149,6 +153,7 @@ def render(engines=None) -> bytes:
     mem = psutil.Process().memory_info()
     rss, files = mem.rss, getattr(mem, "shared", 0)  # current, not peak (ru_maxrss); shared: Linux only
     RSS_BYTES.set(rss)
+    MALLOC_FREE.set(memory_parts.malloc_free())
     parts = memory_parts.split_rss(rss, {"files": files})
     if engines is not None:
         loads = engines.loads()

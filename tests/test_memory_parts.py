@@ -109,6 +109,24 @@ def test_anonymous_rss_sees_memory_touched():
     del block
 
 
+def test_malloc_free_counts_what_glibc_keeps_after_free():
+    import ctypes
+    import ctypes.util
+
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    blocks = [libc.malloc(4096) for _ in range(8192)]  # 32 MiB in small chunks (under the mmap threshold)
+    before = memory_parts.malloc_free()
+    for b in blocks[::2]:  # every other one: the freed chunks cannot merge into the top and be trimmed
+        libc.free(b)
+    assert memory_parts.malloc_free() - before > 14 * MIB
+    body = metrics.render(None).decode()
+    assert float(body.split("\nvoxpipe_malloc_free_bytes ")[1].split()[0]) > 14 * MIB
+    for b in blocks[1::2]:
+        libc.free(b)
+
+
 @pytest.mark.slow
 def test_the_real_servers_parts_name_its_runtime_and_weights(server):
     """The real server (SmolLM2, Whisper, Piper, Silero, Smart Turn): ``runtime`` (measured
