@@ -55,8 +55,9 @@ ERLE_FRAMES, MIN_FRAMES = 150, 25
 playback (3 s), and not before 25 of them (0.5 s)."""
 COUPLING_QUANTILE = 0.9
 """Half-duplex: the echo coupling is this quantile of the microphone-to-playback RMS ratios
-of the last :data:`ERLE_FRAMES` frames heard during playback (a high one: the user talking
-over the reply only raises it, which gates more, never less)."""
+(the microphone before any echo canceller) of the last :data:`ERLE_FRAMES` frames heard
+during playback (a high one: the user talking over the reply only raises it, which gates
+more, never less)."""
 ERLE_QUANTILE, CONVERGED_DB = 0.9, 15.0
 """``aec``: the canceller has learned the room (converged) when a tenth of those frames or
 more had their echo reduced by 15 dB or more: a converged WebRTC AEC3 takes 25-70 dB out of
@@ -148,14 +149,18 @@ class HalfDuplexGate:
             return 1.0
         return min(1.0, float(np.quantile(self._ratios, COUPLING_QUANTILE)))
 
-    def near(self, frame: np.ndarray) -> np.ndarray:
+    def near(self, frame: np.ndarray, raw: np.ndarray | None = None) -> np.ndarray:
+        """``frame`` as it is, or as silence while it could be the playback's echo. ``raw``:
+        the microphone's own frame when ``frame`` is an echo canceller's output; the coupling
+        is measured on it (the room's echo path, which does not move as the canceller adapts:
+        a canceller's residual measured instead let a diverging canceller's echo through)."""
         echo = self.expected_echo()
         now = self._clock()
         if echo == 0.0:
             return frame
         level = _rms(frame)
         threshold = echo * self.coupling() * self.ratio
-        self._ratios.append(level / echo)
+        self._ratios.append((level if raw is None else _rms(raw)) / echo)
         if now < self._open_until:
             return frame
         if level > threshold:
@@ -254,7 +259,7 @@ class GuardedCanceller:
         if self.gate.expected_echo() == 0.0:
             return clean
         self._erle.append(20 * float(np.log10((_rms(frame) + 1e-9) / (_rms(clean) + 1e-9))))
-        return clean if self.converged else self.gate.near(clean)
+        return clean if self.converged else self.gate.near(clean, raw=frame)
 
 
 def aec_available() -> bool:

@@ -273,6 +273,15 @@ def test_half_duplex_measures_a_quiet_speakers_coupling_and_lets_a_quieter_voice
         loud.far(echo)
         loud.near(play)  # the microphone 20 dB over the playback (a gain stage)
     assert loud.coupling() == 1.0
+    # behind a canceller the coupling is the room's (the raw microphone), not the canceller's
+    # residual: a 0 dB room keeps the 0 dB assumption however much the canceller takes out
+    guard = HalfDuplexGate(0.0, 6.0, clock=lambda: now[0])
+    for _ in range(MIN_FRAMES + 5):
+        now[0] += 0.02
+        guard.far(play)
+        assert not guard.near(echo, raw=play).any()
+    assert guard.coupling() == 1.0
+    assert not guard.near(voice, raw=play).any()
 
 
 def test_webrtc_echo_canceller_removes_a_speech_echo(audio_dir):
