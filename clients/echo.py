@@ -15,11 +15,9 @@ Modes (``voxpipe mic --echo``):
   unless the near-end voice is clearly louder than the echo the playback can cause: a frame
   whose RMS is over the loudest recent playback block's RMS by ``barge_in_db`` (default
   :data:`BARGE_IN_DB`, 6 dB) passes, and the gate stays open :data:`HOLD_S` after it (so a
-  barge-in's words are not chopped). The echo is first assumed as loud at the microphone as
-  the playback signal itself (0 dB coupling: a loud speaker next to the microphone, the worst
-  case); once :data:`MIN_FRAMES` frames have been heard during playback, the coupling is
-  measured instead (:meth:`HalfDuplexGate.coupling`), never above 0 dB: so a speaker heard
-  35 dB down does not make the user shout 6 dB over the reply's own level to be heard.
+  barge-in's words are not chopped). The echo is assumed as loud at the microphone as the
+  playback signal itself (0 dB coupling: a loud speaker next to the microphone), the worst
+  case; a quieter speaker only makes the margin larger.
 - ``auto`` (default): ``aec`` when ``livekit`` is installed, else ``half-duplex``.
 - ``off``: the microphone as it is (headphones).
 
@@ -53,11 +51,6 @@ APM_FRAME = RATE // 100
 ERLE_FRAMES, MIN_FRAMES = 150, 25
 """``aec``: the echo reduction is judged over the last 150 microphone frames heard during
 playback (3 s), and not before 25 of them (0.5 s)."""
-COUPLING_QUANTILE = 0.9
-"""Half-duplex: the echo coupling is this quantile of the microphone-to-playback RMS ratios
-(the microphone before any echo canceller) of the last :data:`ERLE_FRAMES` frames heard
-during playback (a high one: the user talking over the reply only raises it, which gates
-more, never less)."""
 ERLE_QUANTILE, CONVERGED_DB = 0.9, 15.0
 """``aec``: the canceller has learned the room (converged) when a tenth of those frames or
 more had their echo reduced by 15 dB or more: a converged WebRTC AEC3 takes 25-70 dB out of
@@ -121,7 +114,6 @@ class HalfDuplexGate:
         self._lock = threading.Lock()
         self._blocks: collections.deque[tuple[float, float]] = collections.deque()  # (time, rms)
         self._open_until = 0.0
-        self._ratios: collections.deque[float] = collections.deque(maxlen=ERLE_FRAMES)
         self.gated_frames = 0
 
     def far(self, block: np.ndarray) -> None:
@@ -140,30 +132,12 @@ class HalfDuplexGate:
                 self._blocks.popleft()
             return max((lv for _, lv in self._blocks), default=0.0)
 
-    def coupling(self) -> float:
-        """The echo's level at the microphone over the playback's (an RMS ratio, at most 1.0):
-        :data:`COUPLING_QUANTILE` of the ratios measured over the last :data:`ERLE_FRAMES`
-        frames heard during playback (each frame's RMS over :meth:`expected_echo`); 1.0 (0 dB,
-        the worst case) until :data:`MIN_FRAMES` were measured."""
-        if len(self._ratios) < MIN_FRAMES:
-            return 1.0
-        return min(1.0, float(np.quantile(self._ratios, COUPLING_QUANTILE)))
-
-    def near(self, frame: np.ndarray, raw: np.ndarray | None = None) -> np.ndarray:
-        """``frame`` as it is, or as silence while it could be the playback's echo. ``raw``:
-        the microphone's own frame when ``frame`` is an echo canceller's output; the coupling
-        is measured on it (the room's echo path, which does not move as the canceller adapts:
-        a canceller's residual measured instead let a diverging canceller's echo through)."""
+    def near(self, frame: np.ndarray) -> np.ndarray:
         echo = self.expected_echo()
         now = self._clock()
-        if echo == 0.0:
+        if echo == 0.0 or now < self._open_until:
             return frame
-        level = _rms(frame)
-        threshold = echo * self.coupling() * self.ratio
-        self._ratios.append((level if raw is None else _rms(raw)) / echo)
-        if now < self._open_until:
-            return frame
-        if level > threshold:
+        if _rms(frame) > echo * self.ratio:
             self._open_until = now + HOLD_S
             return frame
         self.gated_frames += 1
@@ -259,7 +233,7 @@ class GuardedCanceller:
         if self.gate.expected_echo() == 0.0:
             return clean
         self._erle.append(20 * float(np.log10((_rms(frame) + 1e-9) / (_rms(clean) + 1e-9))))
-        return clean if self.converged else self.gate.near(clean, raw=frame)
+        return clean if self.converged else self.gate.near(clean)
 
 
 def aec_available() -> bool:
