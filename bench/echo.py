@@ -159,11 +159,13 @@ def _wait_for(log: Path, pred, timeout_s: float) -> str | None:
     return None
 
 
-def _you_lines(text: str) -> list[str]:
+def you_lines(text: str) -> list[str]:
+    """The user's transcripts in ``voxpipe mic``'s output (its ``you:`` lines, prefix removed)."""
     return [ln[5:] for ln in text.splitlines() if ln.startswith("you: ")]
 
 
-def _reply_text(text: str) -> str:
+def reply_text(text: str) -> str:
+    """The replies' words in ``voxpipe mic``'s output (its ``voxpipe:`` lines, joined)."""
     return " ".join(ln[9:] for ln in text.splitlines() if ln.startswith("voxpipe: "))
 
 
@@ -194,16 +196,16 @@ def one_run(url: str, leak_db: float | None, echo: str, question: dict, second: 
                 return run
             time.sleep(args.quiet_s)
             text = out.read_text(errors="replace")
-            heard = _you_lines(text)
+            heard = you_lines(text)
             run.heard = bool(heard)
             run.self_answered = max(0, len(heard) - 1)
             run.self_cut = text.count("(interrupted")
             if heard:
-                run.leaked_words = leaked(heard[0], question["reference_transcript"], _reply_text(text))
+                run.leaked_words = leaked(heard[0], question["reference_transcript"], reply_text(text))
             run.v2v_ms = heard_v2v_ms(rec, room, audio_dir / question["file"])
             before_you = len(heard)
             play_as_human(env, audio_dir / second["file"])
-            playing = _wait_for(out, lambda t: len(_you_lines(t)) > before_you
+            playing = _wait_for(out, lambda t: len(you_lines(t)) > before_you
                                 and "[speaking]" in t.rsplit("you: ", 1)[1], 120)
             if playing is None:
                 return run

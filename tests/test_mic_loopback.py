@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.echo import leaked
+from bench.echo import leaked, reply_text, you_lines
 from bench.pulse_room import play_as_human, pulse_room, scaled_copy
 from tests.conftest import ROOT
 
@@ -57,18 +57,11 @@ def _rms_dbfs(path: Path) -> float:
     return float(20 * np.log10(np.sqrt(np.mean(np.square(data))) + 1e-9))
 
 
-def _reference(audio_dir: Path, clip: str) -> str:
-    import csv
-
-    with open(audio_dir / "manifest.tsv", newline="", encoding="utf-8") as fh:
-        return next(r["reference_transcript"] for r in csv.DictReader(fh, delimiter="\t") if r["file"] == clip)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(("echo", "leak_db", "question", "offset_s"), CASES,
                          ids=[f"{e}-{abs(db):g}dB" for e, db, _, _ in CASES])
 def test_mic_does_not_answer_itself_and_barge_in_still_cuts(echo, leak_db, question, offset_s, server, audio_dir,
-                                                            tmp_path):
+                                                            manifest, tmp_path):
     question_wav = audio_dir / question
     human = scaled_copy(audio_dir / INTERRUPTION, tmp_path / "louder.wav",
                         HUMAN_DBFS - _rms_dbfs(audio_dir / INTERRUPTION))
@@ -86,11 +79,10 @@ def test_mic_does_not_answer_itself_and_barge_in_still_cuts(echo, leak_db, quest
             assert "(interrupted" not in text, text
             time.sleep(QUIET_S)
             text = out.read_text()
-            heard = [ln for ln in text.splitlines() if ln.startswith("you: ")]
+            heard = you_lines(text)
             assert len(heard) == 1, f"the assistant answered itself {len(heard) - 1} times:\n{text}"
             assert text.count("latency:") == 1, text
-            reply = " ".join(ln.removeprefix("voxpipe: ") for ln in text.splitlines() if ln.startswith("voxpipe: "))
-            assert leaked(heard[0].removeprefix("you: "), _reference(audio_dir, question), reply) == 0, text
+            assert leaked(heard[0], manifest[question]["reference_transcript"], reply_text(text)) == 0, text
 
             play_as_human(env, question_wav)
             _wait_for(out, lambda t: t.count("you: ") >= 2 and t.rsplit("you: ", 1)[1].count("[speaking]") >= 1,
