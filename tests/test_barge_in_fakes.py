@@ -236,6 +236,7 @@ async def test_words_in_the_merge_window_continue_the_turn():
         first, merged = of(seen, ev.TranscriptFinal)
         second_id = of(seen, ev.SpeechStarted)[1].turn_id
         assert merged.turn_id == second_id == first.turn_id + 1
+        assert (first.continues_turn_id, merged.continues_turn_id) == (None, first.turn_id)
         assert merged.text.startswith(first.text) and len(merged.text.split()) > len(first.text.split())
         assert of(seen, ev.ResponseStarted)[1].user_text == merged.text
     finally:
@@ -251,6 +252,7 @@ async def test_words_that_end_before_a_partial_decides_continue_the_turn_at_thei
         assert [c.reason for c in of(seen, ev.ResponseCancelled)] == ["continued"]
         first, merged = of(seen, ev.TranscriptFinal)
         assert merged.turn_id == of(seen, ev.SpeechStarted)[1].turn_id == first.turn_id + 1
+        assert (first.continues_turn_id, merged.continues_turn_id) == (None, first.turn_id)  # the join's sign
         assert merged.text.startswith(first.text) and len(merged.text.split()) > len(first.text.split())
         assert of(seen, ev.ResponseStarted)[1].user_text == merged.text
         users = [m["content"] for m in llm.requests[-1].messages if m["role"] == "user"]
@@ -277,6 +279,7 @@ async def test_words_held_past_their_reply_s_end_still_continue_the_turn():
             < t.index("response.done")  # the words began over the running reply
         first, merged = of(seen, ev.TranscriptFinal)
         assert merged.turn_id == of(seen, ev.SpeechStarted)[1].turn_id == first.turn_id + 1
+        assert (first.continues_turn_id, merged.continues_turn_id) == (None, first.turn_id)  # the join's sign
         # the whole utterance's words: the first speech's and the held words'
         assert len(merged.text.split()) >= len(first.text.split()) + len(FakeAsr.words(tone(1500))), merged.text
         assert not of(seen, ev.ResponseCancelled)  # the reply it continued was already done

@@ -110,3 +110,17 @@ def test_each_turn_keeps_its_registered_id_while_it_lives():
     del first
     gc.collect()
     assert gone() is None  # a finished turn is not kept alive by its id
+
+
+def test_a_join_remembers_the_earlier_turn_it_continued_along_a_chain():
+    ids = ids_with(Clock())
+    a, b, c = Turn(), Turn(), Turn()
+    for turn in (a, b, c):
+        ids.register(turn, ids.new())
+    assert [ids.of(t) for t in (a, b, c)] == [1, 2, 3]
+    ids.join(a, 2)  # turn 2's speech continued turn 1: turn 1 goes on as 2
+    assert (ids.of(a), ids.joined_to(2), ids.joined_to(1)) == (2, 1, None)
+    ids.join(a, 3)  # and turn 3's continued that
+    assert (ids.of(a), ids.joined_to(3), ids.joined_to(2)) == (3, 2, 1)
+    ids.join(c, 3)  # a turn going on under its own id joins nothing
+    assert ids.joined_to(3) == 2

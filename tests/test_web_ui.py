@@ -429,22 +429,31 @@ def test_cancelled_replies_show_only_what_was_spoken_and_a_resumed_user_stops_pl
         assert not errors, errors
 
 
-def test_speech_that_continues_a_turn_under_a_new_id_joins_its_bubble():
+RATE_24K = 24000
+PAUSED = server_event(ev.ResponsePaused, response_id=1, reason="speech")
+CONTINUED = server_event(ev.ResponseCancelled, response_id=1, spoken_text="Sure,", reason="continued")
+ALL_SENT = server_event(ev.ResponseDone, response_id=1, text="Sure.", fallback=False, finish_reason="stop",
+                        output_tokens=2, audio_s=3.0, timings_ms={"llm_ttft": 120.0, "first_audio": 300.0})
+
+
+@pytest.mark.parametrize("before, on_start, on_stop", [([], [PAUSED], [CONTINUED]), ([ALL_SENT], [], [])],
+                         ids=["cancelled", "all-sent"])
+def test_speech_that_continues_a_turn_under_a_new_id_joins_its_bubble(before, on_start, on_stop):
     # speech over the audible reply is a turn of its own (turn 3) until its words continue
-    # turn 2 (response.cancelled continued): its final, the whole utterance, shows in turn 2's bubble
-    rate = 24000
+    # turn 2: its final, the whole utterance, shows in turn 2's bubble. The reply is cancelled
+    # (continued) — or it was all sent already (response.done, still playing) and the final's
+    # continues_turn_id is the only sign (CI: JFK in two bubbles, "... Ask not." and the whole)
     whole = "I would like to book a table for two."
+    over = [*before, server_event(ev.SpeechStarted, turn_id=3, audio_ms=3500), *on_start,
+            server_event(ev.TranscriptPartial, turn_id=3, committed="", unstable="to book", text="to book",
+                         language="en"),
+            server_event(ev.SpeechStopped, turn_id=3, audio_ms=5000, reason="silence"), *on_stop]
     turns = [[server_event(ev.SpeechStarted, turn_id=2, audio_ms=1000),
               server_event(ev.SpeechStopped, turn_id=2, audio_ms=2500, reason="silence"),
               server_event(ev.TranscriptFinal, turn_id=2, text="I would like", language="en", audio_ms=1500),
-              *reply(1, "Sure, what would you like?", rate),
-              server_event(ev.SpeechStarted, turn_id=3, audio_ms=3500),
-              server_event(ev.ResponsePaused, response_id=1, reason="speech"),
-              server_event(ev.TranscriptPartial, turn_id=3, committed="", unstable="to book", text="to book",
-                           language="en"),
-              server_event(ev.SpeechStopped, turn_id=3, audio_ms=5000, reason="silence"),
-              server_event(ev.ResponseCancelled, response_id=1, spoken_text="Sure,", reason="continued"),
-              server_event(ev.TranscriptFinal, turn_id=3, text=whole, language="en", audio_ms=4000)]]
+              *reply(1, "Sure, what would you like?", RATE_24K), *over,
+              server_event(ev.TranscriptFinal, turn_id=3, text=whole, language="en", audio_ms=4000,
+                           continues_turn_id=2)]]
     with launch() as b, scripted_server(turns=turns) as srv:
         page, errors = new_page(b, srv.http)
         send_text(page, "go")

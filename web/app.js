@@ -280,6 +280,7 @@ function onEvent(ev) {
       break;
     }
     case "transcript.final": {
+      if (ev.continues_turn_id != null) joinInto(turns.get(ev.continues_turn_id), ev.turn_id);
       const t = userTurn(ev.turn_id);
       t.final = true;
       t.finalText = ev.text;
@@ -389,14 +390,18 @@ function onDone(ev) {
   log(`← response.done #${ev.response_id}${ev.text_only ? " (text only)" : ""}: ${meta}`);
 }
 
-// The reply to spoken turn `t` was cancelled because the user went on with it: speech that
-// began as a turn of its own (over the audible reply, a new turn_id) continues `t` after all.
-// Its transcript, under the new id, holds the whole utterance: show it in `t`'s bubble.
-function joinTurns(t) {
-  const later = turns.get(lastSpeechTid);
-  if (!t || !t.spoken || !later || later === t || lastSpeechTid <= t.tid) return;
+// Spoken turn `tid` continues `t` after all: speech that began as a turn of its own (over
+// the audible reply, a new turn_id) goes on with `t`, as the server says by cancelling `t`'s
+// reply (`continued`; `tid` is then the latest speech) or, when that reply was already all
+// sent, by the final's `continues_turn_id`. Its transcript, under the new id, holds the
+// whole utterance: `tid`'s bubble goes and `t`'s shows it (its final, if it came; else `t`
+// is live again). Returns false when there is nothing to join (already joined, no bubble).
+function joinInto(t, tid) {
+  const later = turns.get(tid);
+  if (!t || !t.spoken || !later || later === t || tid <= t.tid) return false;
   later.el.remove();
-  turns.set(lastSpeechTid, t);
+  turns.set(tid, t);
+  for (const v of views.values()) if (v.user === later) v.user = t;
   if (later.final) {
     t.final = true;
     t.finalText = later.finalText;
@@ -404,6 +409,7 @@ function joinTurns(t) {
   } else {
     resumeTurn(t);
   }
+  return true;
 }
 
 function onCancelled(ev) {
@@ -414,7 +420,7 @@ function onCancelled(ev) {
   if (player) player.stop(key(ev.response_id));
   if (activeRid === ev.response_id) activeRid = null;
   const v = views.get(ev.response_id);
-  if (v && ev.reason === "continued") joinTurns(v.user);
+  if (v && ev.reason === "continued") joinInto(v.user, lastSpeechTid);
   if (v) {
     if (ev.reason === "continued" && !ev.spoken_text.trim()) {
       v.el.remove(); // a reply to half a sentence that never spoke: the turn goes on in its bubble

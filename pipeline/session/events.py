@@ -196,7 +196,11 @@ turn whose final decode the ASR stage had no room for: its last words may be mis
 class TranscriptFinal(_ServerEvent):
     """The turn's transcript; ``audio_ms`` is the utterance's length. A turn refused at its
     end (``busy``, sent first) still gets one, ``unanswered``: no reply follows, and the
-    conversation history keeps its words as the user's (so the next reply knows them)."""
+    conversation history keeps its words as the user's (so the next reply knows them).
+    Speech that began as a turn of its own over an audible reply and then continued the
+    earlier turn (see docs/PROTOCOL.md, "Talking over a reply") has ``continues_turn_id``:
+    its transcript is the whole utterance — the only word of the join when the reply had
+    already been all sent, so no ``response.cancelled`` came."""
 
     type: Literal["transcript.final"] = "transcript.final"
     turn_id: TurnId
@@ -209,6 +213,9 @@ class TranscriptFinal(_ServerEvent):
     source: TranscriptSource = Field(
         default="asr", description="asr: the final decode of the utterance; partial: only the words the partial "
                                    "transcripts had committed (its last words may be missing)")
+    continues_turn_id: TurnId | None = Field(
+        default=None, description="the earlier turn this speech continued after its reply was heard (a new turn_id "
+                                  "that joined it): this transcript holds both; show it in that turn's place")
 
 
 class TurnEmpty(_ServerEvent):

@@ -55,6 +55,7 @@ class TurnIds:
         self.closed = False
         self._seq = 0  # the latest id given out
         self._ids: weakref.WeakKeyDictionary[object, int] = weakref.WeakKeyDictionary()  # speech turns' ids
+        self._joined: dict[int, int] = {}  # a turn's id -> the earlier turn's it continued (join)
 
     def new(self) -> int:
         """A new turn's id (one more than the latest given out)."""
@@ -68,6 +69,18 @@ class TurnIds:
     def register(self, turn: object, turn_id: int) -> None:
         """Speech turn ``turn`` (any object that takes a weak reference) has id ``turn_id``."""
         self._ids[turn] = turn_id
+
+    def join(self, turn: object, turn_id: int) -> None:
+        """Speech turn ``turn`` goes on under ``turn_id``, a later turn's id that continued it
+        after all (:meth:`joined_to` gives ``turn``'s id so far for that id)."""
+        earlier = self.of(turn)
+        if earlier != turn_id:
+            self._joined[turn_id] = earlier
+        self.register(turn, turn_id)
+
+    def joined_to(self, turn_id: int) -> int | None:
+        """The id of the earlier turn that turn ``turn_id`` joined (:meth:`join`), else None."""
+        return self._joined.get(turn_id)
 
     def continues(self, start: int) -> bool:
         """Speech starting at sample ``start`` continues the latest speech turn: it resumed

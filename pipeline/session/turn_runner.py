@@ -182,7 +182,7 @@ class TurnRunner:
         old.reopen()
         old.feed(audio)
         turn_id = self.ids.of(turn)
-        self.ids.register(old, turn_id)
+        self.ids.join(old, turn_id)
         if self.ids.speech_id == turn_id:
             self.ids.rejoin(old_start)
         if self.last is turn:

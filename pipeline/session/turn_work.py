@@ -94,9 +94,16 @@ class TurnWork:
                 "no_words" if not result.text else "echo" if heard == "echo" else "backchannel"
             await self.out.send(ev.TurnEmpty(turn_id=self.ids.of(turn), reason=reason))
             return False
-        await self.out.send(ev.TranscriptFinal(turn_id=self.ids.of(turn), text=result.text, language=result.language,
-                                               audio_ms=int(audio_s * 1000)))
+        await self.out.send(self._final(turn, result, audio_s))
         return True
+
+    def _final(self, turn: AsrTurn, result: Partial, audio_s: float, *, unanswered: bool = False,
+               source: ev.TranscriptSource = "asr") -> ev.TranscriptFinal:
+        """The ``transcript.final`` of speech turn ``turn`` (``audio_s``: its length, s)."""
+        turn_id = self.ids.of(turn)
+        return ev.TranscriptFinal(turn_id=turn_id, continues_turn_id=self.ids.joined_to(turn_id), text=result.text,
+                                  language=result.language, audio_ms=int(audio_s * 1000), unanswered=unanswered,
+                                  source=source)
 
     async def unanswered(self, turn: AsrTurn, *, decode: bool) -> Partial | None:
         """Report the final transcript of a turn admission refused (its ``busy`` went out):
@@ -116,9 +123,7 @@ class TurnWork:
             result, source = turn.committed(), "partial"
         if not result.text:
             return None
-        await self.out.send(ev.TranscriptFinal(turn_id=self.ids.of(turn), text=result.text, language=result.language,
-                                               audio_ms=int(turn.stream.total_s * 1000), unanswered=True,
-                                               source=source))
+        await self.out.send(self._final(turn, result, turn.stream.total_s, unanswered=True, source=source))
         return result
 
     async def speculate(self, spec: Speculation, drop_tail: int) -> None:
