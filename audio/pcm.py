@@ -19,6 +19,9 @@ expect. (The OpenAI Realtime API's 24 kHz is :data:`server.realtime.types.REALTI
 
 SAMPLE_WIDTH = {"pcm16": 2, "f32": 4}
 """Bytes per sample for each wire format."""
+OPUS_RATES = (8000, 12000, 16000, 24000, 48000)
+"""The rates an Opus encoder takes and a decoder gives (Hz, RFC 6716 §2): an Opus stream
+declares one of them (:mod:`audio.opus`)."""
 
 
 class AudioFormatError(ValueError):

@@ -253,10 +253,18 @@ class VoxpipeServer:
     async def _audio(self, session: Session, budget: ClientBudget, data: bytes) -> None:
         """An audio frame, handled one second of audio at a time, each after its budget
         allows; what would stall the reader past ``read_stall_s`` is dropped (a 4 MiB frame
-        of 8 kHz PCM16 holds 4 minutes)."""
+        of 8 kHz PCM16 holds 4 minutes). An Opus packet is paced by the audio it holds (its
+        TOC byte), so its decoding counts in the same budget."""
         per_s = session.audio_bytes_per_s()
-        if per_s is None:  # no session.start yet: the session reports it, paced as any frame
-            if await self._pace(session, budget.text_frame(0, self.cfg.server.read_stall_s), "text", 1):
+        if per_s is None:
+            packet_s = session.frame_seconds(data)
+            if packet_s is None:  # no session.start yet: the session reports it, paced as any frame
+                pace = budget.text_frame(0, self.cfg.server.read_stall_s)
+                kind, dropped = "text", 1.0
+            else:  # one Opus packet (at most 120 ms): its audio, and its decoding, paced as audio
+                pace = budget.audio_seconds(max(MIN_FRAME_S, packet_s), self.cfg.server.read_stall_s)
+                kind, dropped = "audio", packet_s
+            if await self._pace(session, pace, kind, dropped):
                 await session.on_audio(data)
             return
         loop = asyncio.get_running_loop()

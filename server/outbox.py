@@ -4,6 +4,10 @@ Producers (the session's tasks) ``await`` space in the queue; the writer awaits 
 socket, whose own buffer is bounded by websockets' ``write_limit``. A client that does
 not read blocks only its own producers, and after ``timeout_s`` without progress the
 connection is closed with code 1008 — memory stays bounded and other sessions never wait.
+
+When ``session.started`` declared Opus reply audio, each reply's PCM16 is encoded here (one
+Opus stream per reply, 20 ms packets, on the codec pool: :mod:`audio.opus`) and every packet
+goes out as its own binary frame; ``response.done`` flushes the reply's last packet first.
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ import asyncio
 import logging
 
 from audio.frames import audio_frame
+from audio.opus import OpusEncoder, run_codec
+from pipeline.session import events as ev
 from pipeline.session.events import ServerEvent
 
 from .protocol import encode_event
@@ -38,12 +44,31 @@ class WsOutbox:
         self._q: asyncio.Queue[str | bytes | None] = asyncio.Queue(maxsize=maxsize)
         self.closed = False
         self._closer: asyncio.Future | None = None  # closes a slow client's socket
+        self._opus_rate: int | None = None  # session.started's output rate when the reply audio is Opus
+        self._encoders: dict[int, OpusEncoder] = {}  # each reply's Opus stream, by response_id
 
     async def send(self, event: ServerEvent) -> None:
+        if isinstance(event, ev.SessionStarted):  # the reply audio's format from now on
+            self._opus_rate = event.output.sample_rate if event.output.format == "opus" else None
+            self._encoders.clear()
+        elif isinstance(event, ev.ResponseDone):  # the reply's last packet before its end
+            encoder = self._encoders.pop(event.response_id, None)
+            if encoder is not None:
+                for packet in await run_codec(encoder.flush):
+                    await self._put(audio_frame(event.response_id, packet))
+        elif isinstance(event, ev.ResponseCancelled):
+            self._encoders.pop(event.response_id, None)  # cut: its held tail is not worth a packet
         await self._put(encode_event(event))
 
     async def audio(self, response_id: int, pcm16: bytes) -> None:
-        await self._put(audio_frame(response_id, pcm16))
+        if self._opus_rate is None:
+            await self._put(audio_frame(response_id, pcm16))
+            return
+        encoder = self._encoders.get(response_id)
+        if encoder is None:
+            encoder = self._encoders[response_id] = OpusEncoder(self._opus_rate)
+        for packet in await run_codec(encoder.encode, pcm16):
+            await self._put(audio_frame(response_id, packet))
 
     async def _put(self, item: str | bytes) -> None:
         if self.closed:

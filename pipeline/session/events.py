@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from audio.pcm import RATE
+from audio.pcm import OPUS_RATES, RATE
 from pipeline.errors import BusyReason
 from pipeline.serving.types import Condition
 
@@ -54,9 +54,14 @@ class SessionStart(_ClientEvent):
 
     type: Literal["session.start"]
     sample_rate: int = Field(RATE, ge=8000, le=48000, description="input rate (Hz)")
-    format: Literal["pcm16", "f32"] = Field("pcm16", description="little-endian PCM16, or float32 in [-1, 1]")
+    format: Literal["pcm16", "f32", "opus"] = Field(
+        "pcm16", description="little-endian PCM16, float32 in [-1, 1], or Opus (one packet per binary frame; "
+                             "sample_rate then one of 8000, 12000, 16000, 24000, 48000)")
     channels: int = Field(1, ge=1, le=2, description="1 (mono) or 2 (interleaved stereo)")
     output_sample_rate: int = Field(24000, ge=8000, le=48000, description="reply audio rate (Hz)")
+    output_format: Literal["pcm16", "opus"] = Field(
+        "pcm16", description="reply audio: PCM16, or one 20 ms Opus packet per binary frame (output_sample_rate "
+                             "then one of 8000, 12000, 16000, 24000, 48000)")
     system_prompt: str | None = Field(None, max_length=MAX_TEXT_CHARS, description="replaces the system prompt")
     language: str | None = Field(None, min_length=2, max_length=8, description="ISO code; null: detect")
     vad: bool = Field(True, description="server VAD finds turns; false: a turn ends at input.end")
@@ -69,6 +74,14 @@ class SessionStart(_ClientEvent):
         default_factory=list, max_length=MAX_CLIENT_TOOLS,
         description="functions the client runs itself: the model may call them (tool.call with runs_on "
                     "'client'); the client answers each call with tool.result")
+
+    @model_validator(mode="after")
+    def _opus_rates(self) -> SessionStart:
+        for what, fmt, rate in (("sample_rate", self.format, self.sample_rate),
+                                ("output_sample_rate", self.output_format, self.output_sample_rate)):
+            if fmt == "opus" and rate not in OPUS_RATES:
+                raise ValueError(f"{what} {rate} is not an Opus rate: use one of {', '.join(map(str, OPUS_RATES))}")
+        return self
 
 
 class InputEnd(_ClientEvent):
@@ -140,7 +153,7 @@ class AudioFormat(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     sample_rate: int = Field(description="Hz")
-    format: Literal["pcm16", "f32"]
+    format: Literal["pcm16", "f32", "opus"]
     channels: int
 
 

@@ -21,7 +21,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from audio.pcm import RATE, AudioFormatError, PcmDecoder, PcmFormat
+from audio.pcm import RATE, PcmFormat
 from pipeline import metrics
 from pipeline.asr.turn import AsrTurn
 from pipeline.asr.types import Partial
@@ -34,7 +34,6 @@ from pipeline.session.end_of_turn import EndOfTurnPolicy, eagerness
 from pipeline.session.endpointing import AllSpeech
 from pipeline.session.gate import TurnGate
 from pipeline.session.history import ChatHistory
-from pipeline.session.quiet_batch import QUIET_BATCH_MS, QuietBatcher
 from pipeline.session.replies import CANCEL_WAIT_S, Replies, send_busy
 from pipeline.session.status import StatusFeed
 from pipeline.session.tools import SessionTools
@@ -43,6 +42,7 @@ from pipeline.session.turn_runner import TurnRunner
 from pipeline.session.turn_state import TurnState
 from pipeline.session.turn_tracker import INLINE_VAD_SAMPLES, TurnTracker
 from pipeline.session.types import Outbox, SpeechCheck, SpeechEnd, SpeechPause, SpeechResume, SpeechStart, TurnEvent
+from pipeline.session.wire_input import OpusInput, PcmInput, WireInput
 
 logger = logging.getLogger(__name__)
 
@@ -78,12 +78,10 @@ class Session:
         self.gate = TurnGate(admission, engines, cfg, session_id, governor)
         self.status = StatusFeed(governor, out, self._spawn)
         self.started = False
-        self.fmt: PcmFormat | None = None
         self.output_rate = 24000
         self.language: str | None = None
         self.history = ChatHistory(cfg.llm.system_prompt, examples=cfg.llm.examples)
-        self._decoder: PcmDecoder | None = None
-        self._quiet = QuietBatcher(1)  # replaced by session.start
+        self._input: WireInput | None = None  # set by session.start
         self._tracker = TurnTracker(cfg.turn, AllSpeech())  # replaced by session.start
         self._tasks: set[asyncio.Task] = set()
         self.turn_state = TurnState()
@@ -132,10 +130,9 @@ class Session:
         except ValueError as exc:  # the session stays as it was
             await self.error("bad_event", f"session.start: {exc}")
             return
-        self.fmt = PcmFormat(sample_rate, req.format, channels)
         await self.replies.cancel("restart")  # its audio is in the old output format
-        self._decoder = PcmDecoder(self.fmt)
-        self._quiet = QuietBatcher(max(1, self.fmt.frame_bytes * sample_rate * QUIET_BATCH_MS // 1000))
+        self._input = OpusInput(channels) if req.format == "opus" else PcmInput(PcmFormat(sample_rate, req.format,
+                                                                                          channels))
         old_pos = self._tracker.pos
         eot = self._eot_policy(req) if vad else None
         self._tracker = TurnTracker(self.cfg.turn, self.engines.vad.stream() if vad else AllSpeech(), eot)
@@ -149,7 +146,7 @@ class Session:
         await self.out.send(ev.SessionStarted(
             session_id=self.id,
             input=ev.AudioFormat(sample_rate=sample_rate, format=req.format, channels=channels),
-            output=ev.AudioFormat(sample_rate=output_sample_rate, format="pcm16", channels=1),
+            output=ev.AudioFormat(sample_rate=output_sample_rate, format=req.output_format, channels=1),
             end_of_turn="input_end" if not vad else "smart-turn" if eot is not None else "silence",
             eagerness=cast(ev.Eagerness, req.eagerness or self.cfg.turn.eagerness) if eot is not None else None))
         await self.status.started()
@@ -165,42 +162,38 @@ class Session:
 
     def audio_bytes_per_s(self) -> int | None:
         """Bytes per second of audio in the declared wire format; None before
+        ``session.start`` and for a packet format (Opus: :meth:`frame_seconds`)."""
+        return self._input.bytes_per_s if isinstance(self._input, PcmInput) else None
+
+    def frame_seconds(self, data: bytes) -> float | None:
+        """The audio a binary frame holds (s) in the declared format; None before
         ``session.start``."""
-        fmt = self.fmt if self._decoder is not None else None
-        return None if fmt is None else fmt.frame_bytes * fmt.sample_rate
+        return None if self._input is None else self._input.seconds(data)
 
     async def on_audio(self, data: bytes) -> None:
-        """Handle a binary audio frame in the declared format (any length). While no speech
-        is in progress, frames are handled in batches of 80 ms (:mod:`~pipeline.session.quiet_batch`)."""
-        decoder = self._decoder
-        if not self.started or decoder is None:
+        """Handle a binary audio frame in the declared format (PCM: any length; Opus: one
+        packet). While no speech is in progress, frames are handled in batches of 80 ms
+        (:mod:`~pipeline.session.quiet_batch`)."""
+        wire = self._input
+        if not self.started or wire is None:
             await self.error("no_session", "send session.start before audio")
             return
-        if decoder.error is not None:
+        if wire.stopped is not None:
             return  # reported once; the stream is dropped until a new session.start
         ep = self._tracker.endpointer
-        data = self._quiet.take(data, quiet=self.runner.asr is None and not ep.in_speech and ep.pending_start is None)
-        if data:
-            await self._decode(decoder, data)
-
-    async def _decode(self, decoder: PcmDecoder, data: bytes) -> None:
-        try:
-            samples = decoder.feed(data)
-        except AudioFormatError as exc:
-            await self.error("bad_audio", f"{exc}; audio is ignored until a new session.start")
-            return
+        samples, problem = await wire.feed(data, quiet=self.runner.asr is None and not ep.in_speech
+                                           and ep.pending_start is None)
+        if problem is not None:
+            await self.error("bad_audio", problem)
         await self._consume(samples)
 
     async def end_input(self) -> None:
         """Handle ``input.end``: the user's turn is over now."""
-        decoder = self._decoder
-        if not self.started or decoder is None:
+        wire = self._input
+        if not self.started or wire is None:
             await self.error("no_session", "send session.start first")
             return
-        held = self._quiet.drain()
-        if held and decoder.error is None:
-            await self._decode(decoder, held)
-        await self._consume(decoder.flush())
+        await self._consume(await wire.end())
         end = self._tracker.finish()
         if end is not None:
             await self._end_of_speech(end, t_end=time.perf_counter())

@@ -271,6 +271,6 @@ class RealtimeWire:
 
     def _start_event(self) -> SessionStart:
         return SessionStart(type="session.start", sample_rate=REALTIME_RATE, format="pcm16", channels=1,
-                            output_sample_rate=REALTIME_RATE, system_prompt=None, language=None,
+                            output_sample_rate=REALTIME_RATE, output_format="pcm16", system_prompt=None, language=None,
                             vad=self.settings.server_vad, end_of_turn=self.settings.end_of_turn,
                             eagerness=self.settings.eagerness, tools=list(self.settings.tools))
