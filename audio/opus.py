@@ -23,7 +23,7 @@ import av
 import numpy as np
 import soxr
 
-from audio.pcm import OPUS_RATES, RATE, AudioFormatError
+from audio.pcm import OPUS_RATES, RATE, AudioFormatError, float_to_pcm16
 
 DECODE_RATE = 48000
 """libopus decodes at this rate here (every packet, whatever rate it was encoded at)."""
@@ -80,18 +80,22 @@ def packet_seconds(packet: bytes) -> float:
 
 
 class OpusDecoder:
-    """Opus packets → 16 kHz mono float32 (libopus via PyAV, then soxr).
+    """Opus packets → mono float32 at ``rate`` (libopus via PyAV, then soxr).
 
     Args:
-        channels: 1 or 2 (what the client encoded; stereo is mixed down).
+        channels: 1 or 2 (what the sender encoded; stereo is mixed down).
+        rate: the output rate (Hz; default 16 kHz, the pipeline's).
 
     Not thread-safe: one call at a time (a session awaits each decode before the next).
     """
 
-    def __init__(self, channels: int = 1) -> None:
-        self.channels = channels
+    def __init__(self, channels: int = 1, rate: int = RATE) -> None:
+        self.channels, self.rate = channels, rate
         self._ctx = self._new_context()
-        self._resampler = soxr.ResampleStream(DECODE_RATE, RATE, 1, dtype="float32", quality="HQ")
+        self._resampler = self._new_resampler()
+
+    def _new_resampler(self) -> soxr.ResampleStream:
+        return soxr.ResampleStream(DECODE_RATE, self.rate, 1, dtype="float32", quality="HQ")
 
     def _new_context(self) -> av.AudioCodecContext:
         ctx = av.CodecContext.create("libopus", "r")
@@ -100,7 +104,7 @@ class OpusDecoder:
         return ctx
 
     def decode(self, packets: Sequence[bytes]) -> tuple[np.ndarray, int]:
-        """Decode ``packets`` in order. Returns (float32 samples at 16 kHz, shape (n,); the
+        """Decode ``packets`` in order. Returns (float32 samples at ``rate``, shape (n,); the
         number of packets that were not Opus and were dropped). A corrupt packet loses its
         own audio only: the stream goes on with the next one."""
         parts: list[np.ndarray] = []
@@ -124,10 +128,10 @@ class OpusDecoder:
         return out.astype(np.float32, copy=False), bad
 
     def flush(self) -> np.ndarray:
-        """End of the stream (``input.end``): the resampler's tail (float32, 16 kHz). More
-        packets may follow (the next turn): they start a fresh resampler."""
+        """End of the stream (``input.end``): the resampler's tail (float32 at ``rate``).
+        More packets may follow (the next turn): they start a fresh resampler."""
         tail = self._resampler.resample_chunk(np.zeros(0, np.float32), last=True).astype(np.float32)
-        self._resampler = soxr.ResampleStream(DECODE_RATE, RATE, 1, dtype="float32", quality="HQ")
+        self._resampler = self._new_resampler()
         return tail
 
 
@@ -187,3 +191,27 @@ class OpusEncoder:
             self._pts += self.frame
             packets += [bytes(p) for p in self._ctx.encode(frame)]
         return packets
+
+
+class ReplyDecoder:
+    """A client's side of Opus reply audio: each ``response_id`` is its own Opus stream
+    (docs/PROTOCOL.md), decoded with its own :class:`OpusDecoder` to PCM16 at ``rate``.
+
+    Args:
+        rate: the session's ``output_sample_rate`` (Hz).
+    """
+
+    def __init__(self, rate: int) -> None:
+        self.rate = rate
+        self._streams: dict[int, OpusDecoder] = {}
+
+    def pcm16(self, response_id: int, packet: bytes) -> bytes:
+        """One reply-audio packet → little-endian PCM16 mono bytes at ``rate`` (b"" for a
+        packet that is not Opus)."""
+        decoder = self._streams.get(response_id)
+        if decoder is None:
+            if len(self._streams) >= 8:  # replies long over: forget the oldest
+                del self._streams[next(iter(self._streams))]
+            decoder = self._streams[response_id] = OpusDecoder(rate=self.rate)
+        y, _ = decoder.decode([packet])
+        return float_to_pcm16(y)

@@ -26,7 +26,8 @@ def ask_command(args) -> int:
         live = None if args.json else (lambda p: print(f"  ... {p['text']}", flush=True))
         status = None if args.json else (lambda s: print(describe_status(s, column=12), flush=True))
         res = asyncio.run(ask(args.audio, url=args.url, fast=args.fast, timeout_s=args.timeout,
-                              language=args.language, on_partial=live, on_status=status, token=args.token))
+                              language=args.language, on_partial=live, on_status=status, token=args.token,
+                              codec=args.codec))
     except AccessDenied as exc:
         print(f"voxpipe ask: {exc}", file=sys.stderr)
         return EXIT_DENIED

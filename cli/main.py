@@ -54,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--fast", action="store_true", help="send as fast as possible, not in real time")
     a.add_argument("--json", action="store_true", help="print exactly one JSON object")
     a.add_argument("--language", default=None)
+    a.add_argument("--codec", choices=["pcm", "opus"], default="pcm",
+                   help="audio on the wire: pcm (PCM16), or opus both ways (about 1/10 of the bytes)")
     a.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for the reply")
     a.add_argument("--token", default=os.environ.get("VOXPIPE_TOKEN") or None,
                    help="the server's bearer token (default: $VOXPIPE_TOKEN)")
@@ -169,6 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep the assistant from hearing itself: aec (WebRTC echo cancellation, needs the mic "
                         "extra), half-duplex (mute the microphone while it speaks unless you are louder), auto "
                         "(aec if installed, else half-duplex; default), off (headphones)")
+    m.add_argument("--codec", default="auto", choices=["auto", "opus", "pcm"],
+                   help="audio on the wire: auto (Opus both ways when the server has it, else PCM16; default), "
+                        "opus, or pcm")
     m.add_argument("--barge-in-db", type=float, default=6.0, metavar="DB",
                    help="half-duplex: how much louder than the speaker (dB) your voice must be to cut in (6)")
     m.add_argument("--token", default=os.environ.get("VOXPIPE_TOKEN") or None,
@@ -213,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
             return list_devices_command()
         return run_mic(args.url, input_device=args.input_device, output_device=args.output_device, token=args.token,
                        echo=args.echo, barge_in_db=args.barge_in_db, end_of_turn=args.end_of_turn,
-                       eagerness=args.eagerness)
+                       eagerness=args.eagerness, codec=args.codec)
     return 2
 
 

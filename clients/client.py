@@ -8,8 +8,9 @@ from collections.abc import Callable
 
 import numpy as np
 
+from audio.pcm import OPUS_RATES
 from audio.wav import write_wav
-from clients.turn import AskResult, Turn, pcm16_frames
+from clients.turn import AskResult, Turn, opus_frames, pcm16_frames
 
 BUSY_REASONS = {
     "queue": "the reply would miss the latency target",
@@ -122,14 +123,17 @@ def access_denied(exc: BaseException) -> AccessDenied | None:
 async def ask(path: str, *, url: str, fast: bool = False, output_rate: int = 24000,
               timeout_s: float = 120.0, language: str | None = None,
               on_partial: Callable[[dict], None] | None = None,
-              on_status: Callable[[dict], None] | None = None, token: str | None = None) -> AskResult:
+              on_status: Callable[[dict], None] | None = None, token: str | None = None,
+              codec: str = "pcm") -> AskResult:
     """Stream ``path`` (any soundfile-readable file, sent as PCM16 at its own rate and
     channel count) at real-time pace (``fast``: as fast as the server's default budget
     allows, :data:`clients.turn.FAST_BURST_S`), send ``input.end``, and wait for the reply
     (one :class:`clients.turn.Turn`). ``on_partial`` is called with each ``{"t_ms", "text"}`` partial
     transcript as it arrives (``t_ms``: since the first audio was sent); ``on_status``
     with each ``server.status`` event (the server's service level changed: degraded or back
-    to normal). ``token``: the server's bearer token, if it needs one.
+    to normal). ``token``: the server's bearer token, if it needs one. ``codec``: ``pcm``,
+    or ``opus`` (the audio sent as Opus packets, the reply asked for in Opus: a fraction
+    of the bytes; a server without Opus answers ``error`` ``bad_event``).
 
     A session refused by the server's session cap (HTTP 503, or close code 1013) comes back
     as ``busy`` with reason ``sessions``, like a refused turn.
@@ -138,11 +142,16 @@ async def ask(path: str, *, url: str, fast: bool = False, output_rate: int = 240
         ServerUnavailable: nothing accepts a WebSocket at ``url``.
         AccessDenied: the server refused this client (a missing or wrong token: HTTP 401).
         TimeoutError: no reply within ``timeout_s``.
+        ValueError: ``opus`` with an ``output_rate`` Opus does not take.
     """
     from websockets.asyncio.client import connect
     from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
-    frames, rate, channels = pcm16_frames(path)
+    opus = codec == "opus"
+    if opus and output_rate not in OPUS_RATES:
+        raise ValueError(f"Opus reply audio needs an Opus rate ({', '.join(map(str, OPUS_RATES))} Hz), "
+                         f"not {output_rate}")
+    frames, rate, channels = opus_frames(path) if opus else pcm16_frames(path)
     res = AskResult(output_rate=output_rate)
     try:
         ws = await asyncio.wait_for(connect(url, max_size=None, open_timeout=10,
@@ -158,8 +167,8 @@ async def ask(path: str, *, url: str, fast: bool = False, output_rate: int = 240
             raise ServerUnavailable(f"no voxpipe server at {url} ({exc})") from None
         return res
     async with ws:
-        start = {"type": "session.start", "sample_rate": rate, "format": "pcm16", "channels": channels,
-                 "output_sample_rate": output_rate}
+        start = {"type": "session.start", "sample_rate": rate, "format": "opus" if opus else "pcm16",
+                 "channels": channels, "output_sample_rate": output_rate, "output_format": "opus" if opus else "pcm16"}
         if language:
             start["language"] = language
         try:
@@ -169,7 +178,7 @@ async def ask(path: str, *, url: str, fast: bool = False, output_rate: int = 240
             if res.busy is None:
                 raise
             return res
-        turn = Turn(ws, output_rate=output_rate, on_partial=on_partial, on_status=on_status)
+        turn = Turn(ws, output_rate=output_rate, on_partial=on_partial, on_status=on_status, opus_reply=opus)
         try:
             return await turn.run(frames, timeout_s=timeout_s, fast=fast)
         except ConnectionClosed as exc:

@@ -29,10 +29,11 @@ from clients.client import EXIT_DENIED, access_denied, auth_headers, refused_ses
 from clients.echo import BARGE_IN_DB, EchoControl, EchoUnavailable, make_echo_control
 from clients.mic_console import LISTENING, SPEAKING, SPEAKING_USER, THINKING, Console, latency_line
 from clients.mic_tools import tool_line
+from clients.mic_wire import CODECS, OUT_RATE, Wire
 
-__all__ = ["EXIT_BUSY", "EXIT_GONE", "Console", "ReplyView", "ServerGone", "list_devices_command", "run_mic"]
+__all__ = ["CODECS", "EXIT_BUSY", "EXIT_GONE", "Console", "ReplyView", "ServerGone", "Wire", "list_devices_command",
+           "run_mic"]
 
-OUT_RATE = 22050
 EXIT_BUSY = 5
 """Exit status when the server refused the session (its session cap)."""
 EXIT_GONE = 7
@@ -97,9 +98,10 @@ def _describe_close(exc: BaseException | None, ws) -> str:
 
 async def _session(url: str, input_device, output_device, console: Console, token: str | None = None, *,
                    echo: str = "auto", barge_in_db: float = BARGE_IN_DB, stop: asyncio.Event | None = None,
-                   turn: dict[str, str] | None = None) -> None:
+                   turn: dict[str, str] | None = None, codec: str = "auto") -> None:
     """One mic session until ``stop`` is set (then ``session.end`` and a normal close).
-    ``turn``: ``session.start``'s ``end_of_turn`` / ``eagerness``, if chosen.
+    ``turn``: ``session.start``'s ``end_of_turn`` / ``eagerness``, if chosen; ``codec``: one
+    of :data:`CODECS`.
 
     Raises:
         ServerGone: the server closed the session or the connection was lost before ``stop``.
@@ -132,8 +134,8 @@ async def _session(url: str, input_device, output_device, console: Console, toke
             control[0].far(block)
 
     async with connect(url, max_size=None, additional_headers=auth_headers(token), open_timeout=15) as ws:
-        await ws.send(json.dumps({"type": "session.start", "sample_rate": RATE, "format": "pcm16",
-                                  "channels": 1, "output_sample_rate": OUT_RATE, **(turn or {})}))
+        wire = Wire(ws, codec, turn or {})
+        await wire.start()
         player = Player(OUT_RATE, output_device, on_output=on_output)
         mic = None
         try:
@@ -144,7 +146,7 @@ async def _session(url: str, input_device, output_device, console: Console, toke
             console.say(f"voxpipe mic: echo: {control[0].description}")
             console.say("listening — speak; Ctrl+C to quit")
             console.state(LISTENING)
-            await _converse(ws, player, mic_q, console, stop, ConnectionClosed,
+            await _converse(ws, player, mic_q, console, stop, ConnectionClosed, wire,
                             asked_rule=(turn or {}).get("end_of_turn"))
         finally:
             console.close()
@@ -156,7 +158,7 @@ async def _session(url: str, input_device, output_device, console: Console, toke
 
 
 async def _converse(ws, player, mic_q: asyncio.Queue[bytes], console: Console, stop: asyncio.Event,
-                    closed_exc: type[BaseException], *, asked_rule: str | None = None) -> None:
+                    closed_exc: type[BaseException], wire: Wire, *, asked_rule: str | None = None) -> None:
     """The conversation: mic frames out, events and audio in, the view kept in step.
     ``asked_rule``: the ``end_of_turn`` asked for (the user hears if the server has another)."""
     replies: dict[int, ReplyView] = {}
@@ -164,8 +166,10 @@ async def _converse(ws, player, mic_q: asyncio.Queue[bytes], console: Console, s
     state: dict = {"turn": None, "reply": None, "user": False}
 
     async def send() -> None:
+        await wire.started.wait()
         while True:
-            await ws.send(await mic_q.get())
+            for frame in await wire.encode(await mic_q.get()):
+                await ws.send(frame)
 
     def current() -> ReplyView | None:
         return state["reply"]
@@ -230,15 +234,18 @@ async def _converse(ws, player, mic_q: asyncio.Queue[bytes], console: Console, s
     async def receive() -> None:
         async for msg in ws:
             if isinstance(msg, bytes):
-                rid, pcm = parse_audio_frame(msg)
+                rid, payload = parse_audio_frame(msg)
                 view = replies.get(rid)
                 if view is not None and not view.dropped:
+                    pcm = wire.decode(rid, payload)
                     player.push(pcm, rid)
                     view.received += len(pcm) // 2
                 continue
             ev = json.loads(msg)
             kind = ev["type"]
             view = current()
+            if await wire.answered(ev):
+                continue  # the server has no Opus: the session starts again in PCM16
             if kind == "session.started" and asked_rule and ev.get("end_of_turn") not in (None, asked_rule):
                 console.say(f"voxpipe mic: the server ends turns by {ev['end_of_turn']} (it has no "
                             "end-of-turn model: start it with --end-of-turn smart-turn)")
@@ -330,13 +337,14 @@ async def _converse(ws, player, mic_q: asyncio.Queue[bytes], console: Console, s
 
 def run_mic(url: str, *, input_device=None, output_device=None, token: str | None = None,
             echo: str = "auto", barge_in_db: float = BARGE_IN_DB, console: Console | None = None,
-            end_of_turn: str | None = None, eagerness: str | None = None) -> int:
+            end_of_turn: str | None = None, eagerness: str | None = None, codec: str = "auto") -> int:
     """Run the microphone client until Ctrl+C; returns an exit status (see the module
     docstring). ``input_device``/``output_device``: an index or a name (an all-digit value is
     an index); ``token``: the server's bearer token; ``echo``: ``auto``, ``aec``,
     ``half-duplex`` or ``off`` (:mod:`clients.echo`); ``end_of_turn`` (``silence`` or
     ``smart-turn``) and ``eagerness`` (``auto``, ``low``, ``medium``, ``high``): how the server
-    ends this session's turns (None: the server's choice)."""
+    ends this session's turns (None: the server's choice); ``codec``: ``auto`` (Opus when the
+    server has it, else PCM16), ``opus`` or ``pcm``."""
     from websockets.exceptions import InvalidHandshake, InvalidStatus, InvalidURI, WebSocketException
 
     from audio.devices import DeviceError, resolve_device
@@ -367,7 +375,8 @@ def run_mic(url: str, *, input_device=None, output_device=None, token: str | Non
         except (RuntimeError, ValueError):  # not the main thread: Ctrl+C stays KeyboardInterrupt
             pass
         turn = {k: v for k, v in (("end_of_turn", end_of_turn), ("eagerness", eagerness)) if v is not None}
-        await _session(url, inp, out, console, token, echo=echo, barge_in_db=barge_in_db, stop=stop, turn=turn)
+        await _session(url, inp, out, console, token, echo=echo, barge_in_db=barge_in_db, stop=stop, turn=turn,
+                       codec=codec)
 
     try:
         asyncio.run(main())

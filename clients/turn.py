@@ -28,11 +28,13 @@ from typing import Any
 import numpy as np
 
 from audio.frames import parse_audio_frame
-from audio.pcm import float_to_pcm16
+from audio.pcm import OPUS_RATES, float_to_pcm16, resample
 from audio.wav import read_audio
 
 FRAME_MS = 20
 """Audio is sent in frames of this many milliseconds."""
+OPUS_INPUT_BITRATE = 24000
+"""A client's Opus bit rate for speech (bit/s): what WebRTC and Discord use for a voice."""
 FAST_BURST_S, FAST_RATE_X = 50.0, 2.5
 """``ask --fast``: the first 50 s of audio as fast as possible, the rest at 2.5× real time —
 within the server's default budget (60 s, then 3×: ``ServerConfig.audio_burst_s``,
@@ -51,6 +53,8 @@ class AskResult:
 
     transcript: str = ""
     reply_text: str = ""
+    bytes_sent: int = 0  # binary payload bytes this turn sent (audio) and received (reply audio)
+    bytes_received: int = 0
     reply_audio: list[np.ndarray] = field(default_factory=list)
     output_rate: int = 24000
     timings_ms: dict = field(default_factory=dict)
@@ -71,7 +75,8 @@ class AskResult:
                 "reply_audio_s": round(self.reply_audio_s, 3), "timings_ms": self.timings_ms,
                 "partials": self.partials, "turn_empty": self.empty_reason, "busy": self.busy,
                 "errors": [{"code": e.get("code"), "message": e.get("message")} for e in self.errors],
-                "text_only": self.text_only, "status": self.status}
+                "text_only": self.text_only, "status": self.status,
+                "bytes": {"sent": self.bytes_sent, "received": self.bytes_received}}
 
 
 def pcm16_frames(path: str) -> tuple[list[bytes], int, int]:
@@ -91,6 +96,33 @@ def pcm16_frames(path: str) -> tuple[list[bytes], int, int]:
     return [pcm[i : i + step] for i in range(0, len(pcm), step)], rate, channels
 
 
+def opus_frames(path: str) -> tuple[list[bytes], int, int]:
+    """An audio file as the Opus packets a client sends (``format: "opus"``): mono, one
+    :data:`FRAME_MS` packet per frame at :data:`OPUS_INPUT_BITRATE`, at the file's rate if
+    Opus takes it, else at 48 kHz.
+
+    Returns:
+        (packets, rate, channels): the packets, the rate they were encoded at (Hz), 1.
+    """
+    from audio.opus import OpusEncoder
+
+    data, rate = read_audio(path)
+    if data.ndim > 1:
+        data = data.mean(axis=1)
+    if rate not in OPUS_RATES:
+        data, rate = resample(data, rate, 48000), 48000
+    enc = OpusEncoder(rate, OPUS_INPUT_BITRATE)
+    return enc.encode(float_to_pcm16(data)) + enc.flush(), rate, 1
+
+
+def opus_silence(rate: int) -> bytes:
+    """One :data:`FRAME_MS` Opus packet of silence at ``rate`` (what an open microphone
+    sends after the words, ``Turn.run(then_silence=True)``)."""
+    from audio.opus import OpusEncoder
+
+    return OpusEncoder(rate, OPUS_INPUT_BITRATE).encode(bytes(rate * FRAME_MS // 1000 * 2))[0]
+
+
 class Turn:
     """Drives one turn on an open session ``ws`` (a websockets client connection whose
     ``session.start`` was sent): :meth:`send` streams the audio, :meth:`receive` collects
@@ -100,14 +132,23 @@ class Turn:
     Args:
         ws: the open connection.
         output_rate: the reply audio rate the ``session.start`` asked for (Hz).
+        opus_reply: the ``session.start`` asked for Opus reply audio (``output_format``):
+            each binary frame's packet is decoded (:class:`audio.opus.ReplyDecoder`).
+        silence: the frame an open microphone sends after the words (``then_silence``;
+            default: PCM zeros as long as the first frame).
         on_partial: called with each ``{"t_ms", "text"}`` partial transcript as it arrives
             (``t_ms``: since the first audio was sent).
         on_status: called with each ``server.status`` event (the service level changed).
     """
 
     def __init__(self, ws: Any, *, output_rate: int = 24000, on_partial: Callable[[dict], None] | None = None,
-                 on_status: Callable[[dict], None] | None = None) -> None:
+                 on_status: Callable[[dict], None] | None = None, opus_reply: bool = False,
+                 silence: bytes | None = None) -> None:
+        from audio.opus import ReplyDecoder
+
         self.ws = ws
+        self.reply_decoder = ReplyDecoder(output_rate) if opus_reply else None
+        self.silence = silence
         self.result = AskResult(output_rate=output_rate)
         self.on_partial = on_partial
         self.on_status = on_status
@@ -138,7 +179,7 @@ class Turn:
         ``then_silence``, silence at the same pace instead, until cancelled (an open
         microphone: the server's end-of-turn detection ends the turn)."""
         marks = self._marks
-        silence = bytes(len(frames[0])) if then_silence else b""
+        silence = (self.silence if self.silence is not None else bytes(len(frames[0]))) if then_silence else b""
         marks["t0"] = time.perf_counter()
         sent = marks["sent"] = []  # when each frame actually went out (a busy client lags)
         i = 0
@@ -148,7 +189,9 @@ class Turn:
             delay = marks["t0"] + due - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            await self.ws.send(frames[i] if i < len(frames) else silence)
+            frame = frames[i] if i < len(frames) else silence
+            await self.ws.send(frame)
+            self.result.bytes_sent += len(frame)
             sent.append(time.perf_counter())
             if then_silence and i == len(frames) - 1:
                 marks["input_end"] = sent[-1]
@@ -167,6 +210,9 @@ class Turn:
             now = time.perf_counter()
             if isinstance(msg, bytes):
                 rid, pcm = parse_audio_frame(msg)
+                res.bytes_received += len(pcm)
+                if self.reply_decoder is not None:
+                    pcm = self.reply_decoder.pcm16(rid, pcm)
                 marks.setdefault(("first_audio", rid), now)
                 audio.setdefault(rid, []).append(np.frombuffer(pcm, dtype="<i2").astype(np.float32) / 32768)
                 continue
@@ -247,4 +293,5 @@ class Turn:
         return res
 
 
-__all__ = ["FAST_BURST_S", "FAST_RATE_X", "FRAME_MS", "AskResult", "Turn", "pcm16_frames"]
+__all__ = ["FAST_BURST_S", "FAST_RATE_X", "FRAME_MS", "AskResult", "Turn", "opus_frames", "opus_silence",
+           "pcm16_frames"]

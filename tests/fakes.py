@@ -270,14 +270,16 @@ class FakeTts(_Stage):
 
     Args:
         s_per_char: audio length per character of the phrase (s).
+        hz: the tone's frequency (0: a constant level of 0.1, which a codec such as Opus,
+            whose high-pass drops DC, turns into silence; otherwise a sine of RMS 0.1).
         delay_s: synthesis time per phrase.
         rate: output sample rate (Hz).
         script: exact audio per phrase text (float32), overriding the length rule.
     """
 
     def __init__(self, *, s_per_char: float = 0.02, delay_s: float = 0.0, rate: int = 24000,
-                 script: dict[str, np.ndarray] | None = None) -> None:
-        self.s_per_char, self.delay_s, self.rate = s_per_char, delay_s, rate
+                 script: dict[str, np.ndarray] | None = None, hz: float = 0.0) -> None:
+        self.s_per_char, self.delay_s, self.rate, self.hz = s_per_char, delay_s, rate, hz
         self.script = script or {}
         self.phrases: list[str] = []
 
@@ -286,7 +288,9 @@ class FakeTts(_Stage):
         await asyncio.sleep(self.delay_s)
         audio = self.script.get(item)
         if audio is None:
-            audio = np.full(int(len(item) * self.s_per_char * self.rate), 0.1, np.float32)
+            n = int(len(item) * self.s_per_char * self.rate)
+            audio = (np.full(n, 0.1, np.float32) if not self.hz else
+                     (0.1 * np.sqrt(2) * np.sin(2 * np.pi * self.hz * np.arange(n) / self.rate)).astype(np.float32))
         return Speech(audio, self.rate, self.delay_s * 1000)
 
 

@@ -32,7 +32,7 @@ def test_ask_json_prints_one_object_and_writes_audio(server, audio_dir, manifest
     assert len(lines) == 1
     res = json.loads(lines[0])
     assert set(res) == {"transcript", "reply_text", "reply_audio_s", "timings_ms", "partials", "turn_empty", "busy",
-                        "errors", "text_only", "status"}
+                        "errors", "text_only", "status", "bytes"}
     assert res["turn_empty"] is None and res["busy"] is None and res["errors"] == []
     assert res["text_only"] is False and res["status"] is None  # a healthy server sends no server.status
     partials = res["partials"]  # live partial transcripts of the 11 s clip, in order
@@ -53,6 +53,23 @@ def test_ask_json_prints_one_object_and_writes_audio(server, audio_dir, manifest
 
     info = sf.info(str(out))
     assert abs(info.duration - res["reply_audio_s"]) < 0.05
+
+
+@pytest.mark.slow
+def test_ask_in_opus_gets_its_reply_for_a_tenth_of_the_bytes(server, audio_dir, tmp_path):
+    clip = audio_dir / "en_cmu_goforward.wav"
+    out = tmp_path / "reply.wav"
+    r = voxpipe("ask", str(clip), "--url", server["url"], "--json", "--codec", "opus", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    assert "forward" in res["transcript"].lower() and res["errors"] == [], res
+    assert res["reply_audio_s"] >= 0.5
+    import soundfile as sf
+
+    info = sf.info(str(clip))
+    pcm_up, pcm_down = info.duration * 16000 * 2, res["reply_audio_s"] * 24000 * 2  # PCM16 at 16 and 24 kHz
+    assert 0 < res["bytes"]["sent"] <= pcm_up / 8 and 0 < res["bytes"]["received"] <= pcm_down / 8, res["bytes"]
+    assert abs(sf.info(str(out)).duration - res["reply_audio_s"]) < 0.05
 
 
 @pytest.mark.slow

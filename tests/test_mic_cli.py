@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import logging
 import os
 import re
@@ -24,6 +25,7 @@ import audio.devices
 from clients.echo import GuardedCanceller, HalfDuplexGate, NoEchoControl, WebRtcEchoCanceller
 from clients.mic import EXIT_GONE, Console, ReplyView, _session, run_mic
 from clients.mic_console import latency_line
+from clients.mic_wire import OUT_RATE
 from pipeline.config import ToolsConfig, VoxpipeConfig
 from pipeline.engines import open_tools
 from tests.conftest import ROOT, free_port
@@ -32,6 +34,8 @@ from tests.fake_server import fake_server, fake_server_thread
 from tests.fakes import FakeEot, FakeLlm, FakeTts, LlmReply, fake_engines, noise, silence, tone
 
 DEADLINE_S = 60.0
+TONE_HZ = 300.0
+"""The fake voice's pitch: a tone, not a constant level (Opus, the mic's default codec, drops DC)."""
 
 
 def _voxpipe(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -56,14 +60,15 @@ async def _until(pred, what: str, out: io.StringIO | None = None) -> None:
 
 
 async def _talk(engines, room: Room, script, *, echo: str = "off", live: bool = False,
-                turn: dict | None = None, cfg: VoxpipeConfig | None = None) -> str:
+                turn: dict | None = None, cfg: VoxpipeConfig | None = None, codec: str = "auto") -> str:
     """Run the mic client against the real server over ``engines`` (and ``cfg``);
     ``script(room, out)`` plays the human's part; returns what the client printed."""
     out = io.StringIO()
     console = Console(out, live=live)
     stop = asyncio.Event()
     async with fake_server(cfg, engines=engines) as srv:
-        task = asyncio.create_task(_session(srv.ws, None, None, console, echo=echo, stop=stop, turn=turn))
+        task = asyncio.create_task(_session(srv.ws, None, None, console, echo=echo, stop=stop, turn=turn,
+                                            codec=codec))
         await _until(lambda: "listening —" in out.getvalue() or task.done(), "the client listening", out)
         await script(room, out)
         stop.set()
@@ -80,10 +85,15 @@ async def _ask(room: Room, out: io.StringIO, n: int = 1) -> None:
 # ---- what the user sees ---------------------------------------------------------------------
 
 
-async def test_a_turn_shows_state_partials_the_reply_as_played_and_latency(room):
+@pytest.mark.parametrize("codec", ["auto", "pcm"])  # auto: Opus both ways (the server has it)
+async def test_a_turn_shows_state_partials_the_reply_as_played_and_latency(room, codec, caplog):
     engines = fake_engines(llm=FakeLlm(default=LlmReply.of("Sure, ", "here it is. ", "And one more thing.")),
-                           tts=FakeTts(s_per_char=0.04))
-    text = await _talk(engines, room, _ask)
+                           tts=FakeTts(s_per_char=0.04, hz=TONE_HZ))
+    with caplog.at_level(logging.INFO, logger="pipeline.session.session"):
+        text = await _talk(engines, room, _ask, codec=codec)
+    wire = "opus" if codec == "auto" else "pcm16"
+    assert any(f"audio in {wire} at 16000 Hz, out {wire} at {OUT_RATE} Hz" in r.getMessage()
+               for r in caplog.records), [r.getMessage() for r in caplog.records]
     lines = text.splitlines()
     assert lines[0].startswith("voxpipe mic: echo: off")
     i = lines.index("[you're speaking]")
@@ -97,7 +107,43 @@ async def test_a_turn_shows_state_partials_the_reply_as_played_and_latency(room)
     lat = next(ln for ln in lines if "latency:" in ln)
     assert lat.startswith("  latency: voice-to-voice ") and "first audio" in lat
     assert lines[-1] == "[listening]"
-    assert room.played_seconds(22050) > 1.0  # the reply's audio was played
+    assert room.played_seconds(OUT_RATE) > 1.0  # the reply's audio was played
+
+
+async def test_against_a_server_without_opus_the_mic_falls_back_to_pcm(room):
+    # a server of before Opus: session.start with format "opus" is a bad_event
+    from websockets.asyncio.server import serve
+
+    starts: list[dict] = []
+    frames: list[int] = []
+
+    async def old_server(ws) -> None:
+        async for msg in ws:
+            if isinstance(msg, bytes):
+                frames.append(len(msg))
+                continue
+            ev = json.loads(msg)
+            if ev["type"] == "session.start":
+                starts.append(ev)
+                if ev.get("format") == "opus" or ev.get("output_format", "pcm16") != "pcm16":
+                    await ws.send(json.dumps({"type": "error", "code": "bad_event", "fatal": False,
+                                              "message": "invalid session.start: format: Input should be 'pcm16' "
+                                                         "or 'f32'"}))
+                else:
+                    fmt = {"sample_rate": ev["sample_rate"], "format": "pcm16", "channels": 1}
+                    await ws.send(json.dumps({"type": "session.started", "session_id": "old", "protocol": 1,
+                                              "input": fmt, "output": {**fmt, "sample_rate": 24000}}))
+
+    out = io.StringIO()
+    stop = asyncio.Event()
+    async with serve(old_server, "127.0.0.1", 0) as srv:
+        port = srv.sockets[0].getsockname()[1]
+        task = asyncio.create_task(_session(f"ws://127.0.0.1:{port}/ws", None, None, Console(out), stop=stop))
+        await _until(lambda: len(frames) >= 25 or task.done(), "half a second of microphone frames", out)
+        stop.set()
+        await asyncio.wait_for(task, DEADLINE_S)
+    assert [s.get("format") for s in starts] == ["opus", "pcm16"], starts
+    assert set(frames) == {640}, frames  # 20 ms of PCM16 at 16 kHz each, and nothing before session.started
 
 
 async def test_on_a_terminal_the_status_line_is_rewritten_in_place(room):
@@ -109,7 +155,7 @@ async def test_on_a_terminal_the_status_line_is_rewritten_in_place(room):
 
 async def test_a_reply_cut_by_barge_in_shows_the_spoken_part(room):
     long = "One two three four five six seven eight nine ten. " * 4
-    engines = fake_engines(llm=FakeLlm(default=LlmReply.of(long)), tts=FakeTts(s_per_char=0.03))
+    engines = fake_engines(llm=FakeLlm(default=LlmReply.of(long)), tts=FakeTts(s_per_char=0.03, hz=TONE_HZ))
 
     async def script(r: Room, out: io.StringIO) -> None:
         r.say(np.concatenate([tone(1500), silence(10)]))
@@ -123,7 +169,7 @@ async def test_a_reply_cut_by_barge_in_shows_the_spoken_part(room):
     assert cut.endswith("(interrupted: you talked over it)")
     spoken = cut.removeprefix("voxpipe: ").removesuffix("(interrupted: you talked over it)").strip()
     assert long.startswith(spoken) and len(spoken) < len(long.strip())  # only what was spoken
-    assert room.played_seconds(22050) < len(long) * 0.03 - 1  # the rest was not played
+    assert room.played_seconds(OUT_RATE) < len(long) * 0.03 - 1  # the rest was not played
 
 
 async def test_tool_calls_and_their_results_get_a_line_each_as_they_happen(room):
@@ -133,8 +179,8 @@ async def test_tool_calls_and_their_results_get_a_line_each_as_they_happen(room)
     bad = '<tool_call>\n{"name": "explode", "arguments": {"reason": "on purpose"}}\n</tool_call>'
     llm = FakeLlm([LlmReply.of("Let me see. ", block), LlmReply.of(bad), LlmReply.of("It is 42.")])
     cfg = VoxpipeConfig(tools=ToolsConfig(plugin="tests.tool_plugins:TOOLS", builtin=("calculator",)))
-    text = await _talk(fake_engines(llm=llm, tts=FakeTts(s_per_char=0.02), tools=open_tools(cfg)), room, _ask,
-                       cfg=cfg)
+    engines = fake_engines(llm=llm, tts=FakeTts(s_per_char=0.02, hz=TONE_HZ), tools=open_tools(cfg))
+    text = await _talk(engines, room, _ask, cfg=cfg)
     lines = text.splitlines()
     tools = [ln for ln in lines if ln.startswith("  tool")]  # in order (phrases played may come between)
     assert len(tools) == 4 and tools[0] == '  tool: calculate(expression="6*7")', text
@@ -163,7 +209,7 @@ async def test_playback_stops_when_the_user_resumes_after_a_reply_was_all_sent(r
     ``response.cancelled`` can come for it), the user goes on while it plays: the client
     stops it at once."""
     engines = fake_engines(llm=FakeLlm(default=LlmReply.of("Okay, I am listening to you.")),
-                           tts=FakeTts(s_per_char=0.1))  # ~2.8 s of audio, all sent within the first second
+                           tts=FakeTts(s_per_char=0.1, hz=TONE_HZ))  # ~2.8 s of audio, all sent within the first second
 
     async def script(r: Room, out: io.StringIO) -> None:
         r.say(np.concatenate([tone(1000), silence(10)]))
@@ -173,7 +219,7 @@ async def test_playback_stops_when_the_user_resumes_after_a_reply_was_all_sent(r
         await asyncio.sleep(1.0)
 
     text = await _talk(engines, room, script)
-    assert room.played_seconds(22050) < 2.0, text  # not the reply's 2.8 s
+    assert room.played_seconds(OUT_RATE) < 2.0, text  # not the reply's 2.8 s
 
 
 async def test_the_chosen_end_of_turn_goes_to_the_server_which_says_when_it_cannot(room):
@@ -215,7 +261,7 @@ async def test_without_headphones_the_assistant_does_not_answer_itself(echo, mon
     r = Room(echo_gain=1.0)
     monkeypatch.setattr(audio.devices, "_sd", lambda: FakeSoundDevice(r))
     engines = fake_engines(llm=FakeLlm(default=LlmReply.of("A reply that is long enough to hear.")),
-                           tts=FakeTts(s_per_char=0.03))
+                           tts=FakeTts(s_per_char=0.03, hz=TONE_HZ))
 
     async def script(room: Room, out: io.StringIO) -> None:
         await _ask(room, out)

@@ -149,6 +149,8 @@ class Session:
             output=ev.AudioFormat(sample_rate=output_sample_rate, format=req.output_format, channels=1),
             end_of_turn="input_end" if not vad else "smart-turn" if eot is not None else "silence",
             eagerness=cast(ev.Eagerness, req.eagerness or self.cfg.turn.eagerness) if eot is not None else None))
+        logger.info("session %s: audio in %s at %d Hz, out %s at %d Hz", self.id, req.format, sample_rate,
+                    req.output_format, output_sample_rate)
         await self.status.started()
 
     def _eot_policy(self, req: ev.SessionStart) -> EndOfTurnPolicy | None:
