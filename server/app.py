@@ -37,6 +37,9 @@ from .protocol import ProtocolError, parse_client_event
 from .realtime.outbox import RealtimeOutbox
 from .realtime.types import Settings as RealtimeSettings
 from .realtime.wire import RealtimeWire, dialect_from_headers
+from .twilio.outbox import TwilioOutbox
+from .twilio.types import TWILIO_PATH
+from .twilio.wire import TwilioWire
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +52,9 @@ CLOSE_INTERNAL_ERROR = 1011
 """WebSocket close code after a session failed on an internal error (RFC 6455 §7.4.1)."""
 CLOSE_NORMAL = 1000
 """WebSocket close code of a normal end: ``session.end``, or an idle session closed."""
+CLOSE_POLICY = 1008
+"""WebSocket close code of a connection refused after the upgrade (a Twilio stream whose
+``token`` parameter is wrong: RFC 6455 §7.4.1, policy violation)."""
 OVER_BUDGET_GRACE_S = 2.0
 """A client's turns are refused while it is throttled and this long after (s): a turn that
 ends right after a throttled stretch was sent beyond its budget too."""
@@ -134,7 +140,7 @@ class VoxpipeServer:
             if refusal.status == http.HTTPStatus.UNAUTHORIZED:
                 resp.headers["WWW-Authenticate"] = 'Bearer realm="voxpipe"'
             return resp
-        if path in ("/ws", REALTIME_PATH):
+        if path in ("/ws", REALTIME_PATH, TWILIO_PATH):
             if self.sessions >= self.max_sessions:  # cheap early refusal, before the upgrade
                 metrics.ADMISSIONS.labels("refused", "sessions").inc()
                 resp = connection.respond(http.HTTPStatus.SERVICE_UNAVAILABLE,
@@ -172,14 +178,17 @@ class VoxpipeServer:
         close_code, reason = CLOSE_NORMAL, "client"  # 1011 after an internal error
         s = self.cfg.server
         request = getattr(ws, "request", None)  # None: a Serve ingress adapter (always /ws)
-        realtime = request is not None and request.path.partition("?")[0] == REALTIME_PATH
+        path = request.path.partition("?")[0] if request is not None else "/ws"
+        realtime, twilio = path == REALTIME_PATH, path == TWILIO_PATH
         out = (RealtimeOutbox(ws, RealtimeSettings(dialect=dialect_from_headers(request.headers if request else {})),
                               maxsize=s.send_queue, timeout_s=s.slow_client_timeout_s) if realtime
+               else TwilioOutbox(ws, maxsize=s.send_queue, timeout_s=s.slow_client_timeout_s) if twilio
                else WsOutbox(ws, maxsize=s.send_queue, timeout_s=s.slow_client_timeout_s))
         writer = asyncio.create_task(out.run())
         session = Session(engines=self.engines, cfg=self.cfg, out=out, session_id=sid, admission=self.admission,
                           governor=self.governor)
         wire = RealtimeWire(out, session, self.cfg) if isinstance(out, RealtimeOutbox) else None
+        phone = TwilioWire(out, session, self.cfg) if isinstance(out, TwilioOutbox) else None
         self.sessions += 1  # no await since the check above: a burst never admits cap + 1
         metrics.SESSIONS.inc()
         logger.info("session %s opened from %s", sid, ws.remote_address)
@@ -204,6 +213,15 @@ class VoxpipeServer:
                 message = await reader.recv()
                 if getattr(ws, "state", None) is State.CLOSED:  # gone: what it queued is not worth answering
                     break
+                if phone is not None:  # /twilio: media paced as audio, other messages as text
+                    outcome = await phone.frame(message, lambda pcm: self._audio(session, budget, pcm),
+                                                lambda n: self._pace(session, budget.text_frame(n, s.read_stall_s),
+                                                                     "text", 1))
+                    if outcome is not None:
+                        reason = "session_end" if outcome == "stop" else "denied"
+                        close_code = CLOSE_NORMAL if outcome == "stop" else CLOSE_POLICY
+                        break
+                    continue
                 if wire is not None:  # /v1/realtime: appended audio paced as audio, other frames as text
                     await wire.frame(message, lambda pcm: self._audio(session, budget, pcm),
                                      lambda n: self._pace(session, budget.text_frame(n, s.read_stall_s), "text", 1))
@@ -244,7 +262,8 @@ class VoxpipeServer:
                 await asyncio.wait_for(writer, timeout=2.0)
             except (TimeoutError, Exception):  # noqa: BLE001
                 writer.cancel()
-            await ws.close(close_code, {"internal": "internal error", "idle": "idle"}.get(reason, ""))
+            await ws.close(close_code, {"internal": "internal error", "idle": "idle",
+                                        "denied": "a valid token is required"}.get(reason, ""))
             self.sessions -= 1
             metrics.SESSIONS.dec()
             metrics.SESSIONS_CLOSED.labels(reason).inc()

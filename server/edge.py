@@ -15,7 +15,10 @@ request before any WebSocket upgrade (so a refused client costs no session).
 - **Token**: with ``ServerConfig.token`` set, ``/ws`` and ``/v1/...`` need ``Authorization: Bearer TOKEN``
   or the query parameter ``token=TOKEN`` (browsers cannot set headers on a WebSocket);
   ``/metrics`` needs it too when the server listens on a non-loopback address. Compared in
-  constant time (:func:`hmac.compare_digest`).
+  constant time (:func:`hmac.compare_digest`). ``/twilio`` is the exception: Twilio's
+  ``<Stream>`` URL takes no query string and Twilio sends no ``Authorization``, so its token
+  comes in the stream's ``start`` message (a ``<Parameter name="token">``) and
+  :mod:`server.twilio.wire` checks it there; its ``Origin`` is checked as for ``/ws``.
 
 The web page, ``/healthz`` and static files stay open: they hold no secret.
 """
@@ -90,7 +93,7 @@ class EdgeGuard:
         if not self._host_ok(headers.get("Host")):
             return Refusal(http.HTTPStatus.FORBIDDEN, "host",
                            "Host not allowed: use localhost or 127.0.0.1, or start the server with --allow-host")
-        if path == "/ws" or path.startswith("/v1/"):
+        if path in ("/ws", "/twilio") or path.startswith("/v1/"):
             origin = headers.get("Origin")
             if origin is not None and not self._origin_ok(origin, headers.get("Host")):
                 return Refusal(http.HTTPStatus.FORBIDDEN, "origin",

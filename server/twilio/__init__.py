@@ -1,0 +1,1 @@
+"""Phone calls through Twilio Media Streams: ``/twilio`` (docs/TWILIO.md)."""
