@@ -64,17 +64,47 @@ def main(args: argparse.Namespace) -> int:
         print(json.dumps(table, indent=1))
         return 0
     keys = ["first_token_to_audio", "first_phrase_to_audio", "tts_rtf", "llm_ttft", "asr", "voice_to_voice",
-            "client_voice_to_voice"]
-    print(f"LLM={args.llm}, clips={len(clips)} x{args.repeat} per session; each cell: p50 / p95 (ms; RTF unitless); "
+            "client_voice_to_voice", "up_bytes_per_s", "down_bytes_per_s"]
+    print(f"LLM={args.llm}, clips={len(clips)} x{args.repeat} per session; each cell: p50 / p95 (ms; RTF unitless; "
+          "bytes per second of the user's audio (up) and of the reply's (down)); "
           f"within SLO: answered turns with client voice-to-voice <= {args.slo_ms:.0f} ms")
-    print("| sessions | responses | busy | within SLO | max v2v | " + " | ".join(keys) + " |")
-    print("|" + "---|" * (len(keys) + 5))
+    print("| sessions | transport | responses | busy | within SLO | max v2v | " + " | ".join(keys) + " |")
+    print("|" + "---|" * (len(keys) + 6))
     for row in table:
         cells = [f"{row[k][0]:.0f} / {row[k][1]:.0f}" if k != "tts_rtf" else f"{row[k][0]:.3f} / {row[k][1]:.3f}"
                  for k in keys]
-        print(f"| {row['sessions']} | {row['responses']} | {row['busy']} | {100 * row['within_slo']:.0f} % | "
-              f"{row['max_v2v']:.0f} | " + " | ".join(cells) + " |")
+        print(f"| {row['sessions']} | {row['transport']} | {row['responses']} | {row['busy']} | "
+              f"{100 * row['within_slo']:.0f} % | {row['max_v2v']:.0f} | " + " | ".join(cells) + " |")
+    if "opus" in (getattr(args, "transport", None) or []):
+        print(codec_cpu_line(clips))
     return 0
+
+
+def codec_cpu_line(clips: list[Path]) -> str:
+    """The Opus codec's CPU per session, measured here on ``clips``: the server decoding the
+    user's Opus (48 kHz packets → 16 kHz) and encoding a reply (24 kHz → packets), one thread,
+    as CPU milliseconds per second of audio (= thousandths of a core while audio flows)."""
+    from audio.opus import OpusDecoder, OpusEncoder
+    from audio.pcm import float_to_pcm16, resample
+    from audio.wav import read_mono
+    from clients.turn import opus_frames
+
+    audio_s, dec_s, enc_s = 0.0, 0.0, 0.0
+    for clip in clips:
+        packets, _, _ = opus_frames(str(clip))
+        x, sr = read_mono(clip)
+        pcm24 = float_to_pcm16(resample(x, sr, 24000))
+        audio_s += len(x) / sr
+        t = time.process_time()
+        OpusDecoder().decode(packets)
+        dec_s += time.process_time() - t
+        t = time.process_time()
+        enc = OpusEncoder(24000)
+        enc.encode(pcm24)
+        enc.flush()
+        enc_s += time.process_time() - t
+    return (f"Opus codec CPU per session (this machine, one thread, {audio_s:.0f} s of speech): decode "
+            f"{1000 * dec_s / audio_s:.1f} ms and encode {1000 * enc_s / audio_s:.1f} ms per second of audio")
 
 
 # ---- multi-turn mode: one connection per session, the history grows turn by turn ----------

@@ -1,6 +1,7 @@
 """The single-turn voice table (``voxpipe bench voice``, and one run per ``--variant``): one
 server, the clips played from 1 and from N concurrent sessions, one ``voxpipe ask`` per clip,
-a row of per-response p50 / p95 per sessions value."""
+a row of per-response p50 / p95 per sessions value and ``--transport`` (PCM16 or Opus on the
+WebSocket: the transports take turns clip round by clip round, so drift hits them alike)."""
 
 from __future__ import annotations
 
@@ -12,14 +13,17 @@ from pathlib import Path
 from bench.server import free_port, start_server, stop_server
 
 
-async def _session(url: str, clips: list[Path], out: list[dict]) -> None:
-    """One session: a ``voxpipe ask`` per clip, in turn; appends to ``out`` a row per refused
-    turn (``busy``, ``clip``) and per answered one (its ``timings_ms``, the client's
-    voice-to-voice, ``clip``)."""
+async def _session(url: str, clips: list[Path], out: list[dict], codec: str = "pcm") -> None:
+    """One session: a ``voxpipe ask`` per clip (``codec``: ``pcm`` or ``opus``), in turn;
+    appends to ``out`` a row per refused turn (``busy``, ``clip``) and per answered one (its
+    ``timings_ms``, the client's voice-to-voice, ``clip``, the bytes sent per second of the
+    clip and received per second of the reply)."""
+    import soundfile as sf
+
     from clients.client import ask
 
     for clip in clips:
-        res = await ask(str(clip), url=url, timeout_s=120)
+        res = await ask(str(clip), url=url, timeout_s=120, codec=codec)
         done = [e for e in res.events if e["type"] == "response.done"]
         if res.busy is not None:
             out.append({"busy": res.busy.get("reason"), "clip": clip.name})
@@ -28,6 +32,8 @@ async def _session(url: str, clips: list[Path], out: list[dict]) -> None:
         t = dict(done[-1]["timings_ms"])
         t["client_voice_to_voice"] = res.timings_ms.get("voice_to_voice")
         t["clip"] = clip.name
+        t["up_bytes_per_s"] = res.bytes_sent / sf.info(str(clip)).duration
+        t["down_bytes_per_s"] = res.bytes_received / res.reply_audio_s if res.reply_audio_s else None
         out.append(t)
 
 
@@ -40,9 +46,21 @@ def _stat(rows: list[dict], key: str) -> tuple[float, float]:
 
 
 ROW_KEYS = ("first_audio", "first_token_to_audio", "first_phrase_to_audio", "tts_rtf", "llm_ttft", "asr",
-            "voice_to_voice", "client_voice_to_voice")
+            "voice_to_voice", "client_voice_to_voice", "up_bytes_per_s", "down_bytes_per_s")
 """Per-turn timings (``response.done``'s ``timings_ms``, and the client's voice-to-voice) a
 row summarizes as (p50, p95)."""
+
+
+def _row(n: int, transport: str, rows: list[dict], slo_ms: float) -> dict:
+    """The table row of ``n`` sessions over ``transport`` from its turns' ``rows``."""
+    answered = [r for r in rows if "busy" not in r]
+    v2v = [r["client_voice_to_voice"] for r in answered if r.get("client_voice_to_voice") is not None]
+    row: dict = {"sessions": n, "transport": transport, "responses": len(answered), "busy": len(rows) - len(answered),
+                 "within_slo": sum(x <= slo_ms for x in v2v) / len(v2v) if v2v else float("nan"),
+                 "max_v2v": max(v2v, default=float("nan"))}
+    for key in ROW_KEYS:
+        row[key] = _stat(answered, key)
+    return row
 
 
 def single_turn_table(args: argparse.Namespace, clips: list[Path], extra: list[str],
@@ -51,9 +69,10 @@ def single_turn_table(args: argparse.Namespace, clips: list[Path], extra: list[s
     of ``args.sessions`` concurrent sessions (one row per value), stop the server.
 
     Returns:
-        one dict per sessions value: ``sessions``, ``responses``, ``busy``, ``within_slo``
-        (share of answered turns with client voice-to-voice <= ``args.slo_ms``), ``max_v2v``
-        (ms) and (p50, p95) of each of :data:`ROW_KEYS` (ms; ``tts_rtf`` unitless).
+        one dict per sessions value and transport (``getattr(args, "transport", ["pcm"])``):
+        ``sessions``, ``transport``, ``responses``, ``busy``, ``within_slo`` (share of answered
+        turns with client voice-to-voice <= ``args.slo_ms``), ``max_v2v`` (ms) and (p50, p95)
+        of each of :data:`ROW_KEYS` (ms; ``tts_rtf`` unitless; bytes per second of audio).
 
     Raises:
         RuntimeError: the server exited or was not ready in 600 s.
@@ -61,25 +80,21 @@ def single_turn_table(args: argparse.Namespace, clips: list[Path], extra: list[s
     port = free_port()
     proc = start_server(args.llm, port, extra, log=log)
     url = f"ws://127.0.0.1:{port}/ws"
+    transports = list(getattr(args, "transport", None) or ["pcm"])
     table = []
     try:
         for n in args.sessions:
-            rows: list[dict] = []
-            per = clips * args.repeat
+            rows: dict[str, list[dict]] = {t: [] for t in transports}
 
-            async def run(n: int, per: list[Path], rows: list[dict]) -> None:
+            async def run(n: int, per: list[Path], rows: list[dict], codec: str) -> None:
                 orders = [per if args.lockstep else per[k % len(per):] + per[:k % len(per)] for k in range(n)]
-                await asyncio.gather(*(_session(url, order, rows) for order in orders))
+                await asyncio.gather(*(_session(url, order, rows, codec) for order in orders))
 
-            asyncio.run(run(n, per, rows))
-            answered = [r for r in rows if "busy" not in r]
-            v2v = [r["client_voice_to_voice"] for r in answered if r.get("client_voice_to_voice") is not None]
-            row = {"sessions": n, "responses": len(answered), "busy": len(rows) - len(answered),
-                   "within_slo": sum(x <= args.slo_ms for x in v2v) / len(v2v) if v2v else float("nan"),
-                   "max_v2v": max(v2v, default=float("nan"))}
-            for key in ROW_KEYS:
-                row[key] = _stat(answered, key)
-            table.append(row)
+            for _ in range(args.repeat):
+                for t in transports:
+                    asyncio.run(run(n, clips, rows[t], t))
+            for t in transports:
+                table.append(_row(n, t, rows[t], args.slo_ms))
     finally:
         stop_server(proc)
     return table
