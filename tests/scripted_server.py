@@ -8,6 +8,11 @@ answers ``session.start`` with ``session.started`` (then the ``on_start`` frames
 (``input.end`` or ``text.input``) with the scripted ``turn`` frames — or, given ``turns``,
 the n-th turn with the n-th script (the last one again for any turn after it). Events are the real event classes,
 encoded by the real server's encoder, so the wire format is the server's.
+
+Audio: the client's is ignored (Opus or PCM alike); the scripted reply audio is PCM16, and
+``session.started`` says so (``output.format`` ``pcm16``) whatever the client asked. With
+``opus=False`` it is a server from before Opus: a ``session.start`` asking for Opus gets
+``error`` ``bad_event`` (as pydantic words it there) and no ``session.started``.
 """
 
 from __future__ import annotations
@@ -46,12 +51,13 @@ class ScriptedServer:
 
     def __init__(self, turn: Sequence[Frame] = (), refuse: Literal["http", "close"] | None = None,
                  retry_after_s: int = 5, max_sessions: int = 1, on_start: Sequence[Frame] = (),
-                 turns: Sequence[Sequence[Frame]] | None = None) -> None:
+                 turns: Sequence[Sequence[Frame]] | None = None, opus: bool = True) -> None:
         self.turn, self.refuse = list(turn), refuse
         self.on_start = list(on_start)
         self.turns = [list(t) for t in turns] if turns else [self.turn]
         self.turns_answered = 0
         self.retry_after_s, self.max_sessions = retry_after_s, max_sessions
+        self.opus = opus
         self.received: list[dict] = []  # every JSON event a client sent
         self.url = self.http = ""
 
@@ -81,7 +87,11 @@ class ScriptedServer:
                 continue  # audio: heard and ignored
             event = json.loads(msg)
             self.received.append(event)
-            if event["type"] == "session.start":
+            if event["type"] == "session.start" and not self.opus and "opus" in (
+                    event.get("format"), event.get("output_format")):
+                await ws.send(encode_event(ev.Error(
+                    code="bad_event", message="invalid session.start: format: Input should be 'pcm16' or 'f32'")))
+            elif event["type"] == "session.start":
                 fmt = ev.AudioFormat(sample_rate=event.get("sample_rate", 16000),
                                      format=event.get("format", "pcm16"), channels=event.get("channels", 1))
                 out = ev.AudioFormat(sample_rate=event.get("output_sample_rate", 24000), format="pcm16", channels=1)

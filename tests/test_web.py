@@ -1,7 +1,8 @@
 """The browser demo (web/) in a real headless Chromium against a real server.
 
 Chromium's fake microphone plays a WAV file (the JFK clip with silence around it), the
-page captures it with an AudioWorklet and streams f32 at the AudioContext rate; the test
+page captures it with an AudioWorklet and streams it as Opus (WebCodecs; the reply audio
+comes back as Opus too) at the AudioContext rate; the test
 reads the page's state from ``window.voxpipe``. The ``busy`` tests (a refused turn, the
 session cap) drive the page against a scripted server instead (tests/scripted_server.py:
 no model, so not ``slow``).
@@ -121,11 +122,11 @@ def test_browser_voice_turn_text_turn_and_cancel(browser, server, manifest):
     vp = page.evaluate("window.voxpipe")
     rate = vp["sampleRate"]
     assert 8000 <= rate <= 48000
-    assert vp["declared"] == {"type": "session.start", "sample_rate": rate, "format": "f32",
-                              "channels": 1, "output_sample_rate": rate}
+    assert vp["declared"] == {"type": "session.start", "sample_rate": rate, "format": "opus",
+                              "output_format": "opus", "channels": 1, "output_sample_rate": rate}
     started = [e for e in vp["events"] if e["type"] == "session.started"][0]
-    assert started["input"] == {"sample_rate": rate, "format": "f32", "channels": 1}
-    assert started["output"]["sample_rate"] == rate
+    assert started["input"] == {"sample_rate": rate, "format": "opus", "channels": 1}
+    assert started["output"] == {"sample_rate": rate, "format": "opus", "channels": 1}
 
     # The whole file (clip + trailing silence) has been captured and sent.
     wait(page, "(s) => window.voxpipe.samplesSent >= s * window.voxpipe.sampleRate", arg=mic_s,
@@ -147,7 +148,7 @@ def test_browser_voice_turn_text_turn_and_cancel(browser, server, manifest):
     assert wer(ref, reply["userText"]) <= 0.3, reply["userText"]
     assert reply["text"].strip() and reply["text"] == reply["done"]["text"]
     assert reply["frames"] > 0 and reply["samples"] / rate >= 0.5, reply
-    assert abs(reply["samples"] / rate - reply["done"]["audio_s"]) < 0.1
+    assert abs(reply["samples"] / rate - reply["done"]["audio_s"]) < 0.1  # Opus: the last 20 ms padded
     assert page.locator(".msg.assistant").last.locator(".text").inner_text().strip() == reply["text"].strip()
     assert "voice→voice" in page.locator(".msg.assistant").last.locator(".meta").inner_text()
 

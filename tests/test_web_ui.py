@@ -203,7 +203,27 @@ def test_page_shows_partials_states_one_bubble_per_turn_barge_in_and_latency(tmp
         shots(page, "06-conversation")
         stats = page.evaluate("window.voxpipe.playback")
         assert stats["playedSamples"] > 0, stats
+        assert_opus_both_ways(page)
         assert not errors, errors
+
+
+def assert_opus_both_ways(page) -> dict:
+    """The page talked Opus both ways (WebCodecs), as session.started confirms, and sent
+    far fewer bytes per second of microphone audio than f32 (4 bytes a sample) or even
+    PCM16 at 16 kHz (32 KB/s) would; returns the page's numbers."""
+    keys = ["codec", "declared", "sampleRate", "samplesSent", "bytesSent", "bytesReceived", "audioFramesSent",
+            "audioSamplesReceived"]
+    vp = page.evaluate("(keys) => Object.fromEntries(keys.map(k => [k, window.voxpipe[k]]))", keys)
+    started = page.evaluate("window.voxpipe.events.filter(e => e.type === 'session.started').pop()")
+    assert vp["codec"] == "opus", vp
+    assert vp["declared"]["format"] == "opus" and vp["declared"]["output_format"] == "opus", vp
+    assert started["input"]["format"] == "opus" and started["output"]["format"] == "opus", started
+    mic_s = vp["samplesSent"] / vp["sampleRate"]
+    assert mic_s > 1 and vp["audioFramesSent"] >= mic_s * 45, vp  # 20 ms packets, one a message
+    assert vp["bytesSent"] / mic_s < 6000, vp  # ~3 KB/s at 24 kb/s: f32 at 48 kHz is 192 KB/s
+    reply_s = vp["audioSamplesReceived"] / vp["declared"]["output_sample_rate"]
+    assert reply_s > 0 and vp["bytesReceived"] / reply_s < 8000, vp  # ~4 KB/s at 32 kb/s: PCM16 48 KB/s at 24 kHz
+    return vp
 
 
 # ---- reconnecting: server gone, warming up, a new session's replies ---------------------------
@@ -347,6 +367,8 @@ def test_settings_are_kept_in_the_browser_and_sent_with_the_next_session(tmp_pat
         assert declared["system_prompt"] == prompt and declared["language"] == "en", declared
         assert declared["vad"] is False and declared["output_sample_rate"] == 24000, declared
         assert declared["end_of_turn"] == "smart-turn" and declared["eagerness"] == "low", declared
+        # Opus both ways by default; replies at 24 kHz (Chromium decodes at 48: counted at 24)
+        assert declared["format"] == "opus" and declared["output_format"] == "opus", declared
         started = page.evaluate("window.voxpipe.events.find(e => e.type === 'session.started')")
         assert started["output"]["sample_rate"] == 24000
         assert started["end_of_turn"] == "input_end"  # push-to-talk: the button ends the turn
@@ -360,10 +382,19 @@ def test_settings_are_kept_in_the_browser_and_sent_with_the_next_session(tmp_pat
         s = until(page, "s.replies.length === 1 && s.replies[0].meta !== ''", "the push-to-talk turn's reply")
         assert s["users"][0]["final"] == "true" and "alpha" in s["users"][0]["text"], s
         assert llm.requests[0].messages[0]["content"] == prompt  # the server used the saved prompt
+        # the whole reply heard, counted at 24 kHz (Chromium decodes Opus at 48 kHz)
+        wait(page, "(r => r.done && r.playedSamples === r.samples && r.samples > 0)(window.voxpipe.responses[1])",
+             timeout_s=30, what="the whole reply heard")
 
+        page.select_option("select[name=codec]", "pcm")  # PCM, at once on the open session
+        page.click("#settings-form button[type=submit]")
+        wait(page, "window.voxpipe.declared.format === 'f32' && !('output_format' in window.voxpipe.declared) && "
+                   "window.voxpipe.codec === 'pcm' && window.voxpipe.events.filter(e => e.type === 'session.started')"
+                   ".pop().output.format === 'pcm16'", timeout_s=30, what="PCM declared")
         page.click("#settings-form button[type=reset]")  # defaults, at once on the open session
         wait(page, "window.voxpipe.declared.system_prompt === undefined && !('vad' in window.voxpipe.declared)"
-                   " && !('end_of_turn' in window.voxpipe.declared)", timeout_s=30, what="the defaults re-declared")
+                   " && !('end_of_turn' in window.voxpipe.declared) && window.voxpipe.declared.format === 'opus'",
+             timeout_s=30, what="the defaults re-declared")
         assert not until(page, "true", "the screen")["talkVisible"]
         assert not errors, errors
 
@@ -464,6 +495,32 @@ def test_speech_that_continues_a_turn_under_a_new_id_joins_its_bubble(before, on
         assert not errors, errors
 
 
+def test_page_falls_back_to_pcm_when_the_server_refuses_opus():
+    """A server from before Opus answers the page's Opus session.start with bad_event (and no
+    session.started): the page declares again in PCM (f32 in, PCM16 out), shows no error,
+    streams f32 and plays the PCM16 reply."""
+    rate = 24000
+    done = server_event(ev.ResponseDone, response_id=1, text="Okay.", fallback=False, finish_reason="stop",
+                        output_tokens=1, audio_s=1.0, timings_ms={"llm_ttft": 50.0, "first_audio": 100.0})
+    with launch() as b, scripted_server(turn=[*reply(1, "Okay.", rate, audio_s=1.0), done], opus=False) as srv:
+        page, errors = new_page(b, srv.http, init="localStorage.setItem('voxpipe.settings', "
+                                f"JSON.stringify({{outputRate: '{rate}'}}))")
+        page.click("#start")  # Chromium's fake microphone (a beep)
+        s = until(page, "s.conn.startsWith('connected') && window.voxpipe.samplesSent > 0", "connected, audio sent")
+        starts = [e for e in srv.received if e["type"] == "session.start"]
+        assert [(e["format"], e.get("output_format")) for e in starts] == [("opus", "opus"), ("f32", None)], starts
+        assert s["conn"].endswith("Hz f32") and s["banner"] is None, s
+        send_text(page, "Hello?")
+        until(page, "s.replies.length === 1 && /reply in/.test(s.replies[0].meta)", "the reply")
+        wait(page, "window.voxpipe.responses[1].playedSamples > 0", timeout_s=30, what="the reply heard")
+        vp = page.evaluate("window.voxpipe")
+        assert vp["codec"] == "pcm", vp["codec"]
+        assert vp["bytesSent"] == 4 * vp["samplesSent"] > 0, vp  # f32
+        assert vp["responses"]["1"]["playedSamples"] == vp["responses"]["1"]["samples"] == rate, vp["responses"]
+        assert vp["bytesReceived"] == 4 + 2 * rate, vp  # one PCM16 frame: response_id + 1 s
+        assert not errors, errors
+
+
 # ---- the whole thing, with real models and real speech (slow) ------------------------------------
 
 CHATTY = "You are a chatty assistant. Answer every message with at least five long sentences."
@@ -474,7 +531,9 @@ CHATTY = "You are a chatty assistant. Answer every message with at least five lo
 def test_spoken_conversation_with_real_models_barge_in_and_a_server_restart(tmp_path, audio_dir, manifest):
     """JFK as the microphone, the real server (SmolLM2, Whisper, Piper): partials on screen
     before the final, the reply heard, a barge-in cutting it, the server restarted on the same
-    port and a reply of the new session heard."""
+    port and a reply of the new session heard. The page talks Opus both ways (WebCodecs,
+    its default where the browser can): the transcript is of the Opus audio, the replies
+    heard were decoded from Opus."""
     x, sr = sf.read(audio_dir / JFK, dtype="float32", always_2d=True)
     x = np.concatenate([np.zeros(sr // 2, np.float32), x.mean(axis=1), np.zeros(int(3.5 * sr), np.float32)])
     wav = tmp_path / "mic.wav"
@@ -510,6 +569,7 @@ def test_spoken_conversation_with_real_models_barge_in_and_a_server_restart(tmp_
         why = "; ".join(ln.split("speech ", 1)[-1] for ln in merges)  # "continues … (0.64 s …, 0.92 s …)"
         assert len(bubbles) == 1, f"{len(bubbles)} bubbles {bubbles}: {why}"  # one bubble for the turn, pauses and all
         assert "ask not what your country" in final.lower() or wer(ref, final) <= 0.3, final
+        opus = assert_opus_both_ways(page)  # ~3 KB/s sent, against f32's 192 KB/s at 48 kHz
         shots(page, "real-02-speaking")
 
         page.click("#stop")
@@ -542,5 +602,10 @@ def test_spoken_conversation_with_real_models_barge_in_and_a_server_restart(tmp_
              "r.playedSamples > 0)", timeout_s=120, what="the new session's reply heard")
         shots(page, "real-05-after-restart")
         stats = page.evaluate("window.voxpipe.playback")
-        print(f"partial on screen {partial_s:.1f} s after Start; transcript {final!r}; playback {stats}")
+        mic_s = opus["samplesSent"] / opus["sampleRate"]
+        reply_s = opus["audioSamplesReceived"] / opus["declared"]["output_sample_rate"]
+        print(f"partial on screen {partial_s:.1f} s after Start; transcript {final!r}; playback {stats}; "
+              f"Opus sent {opus['bytesSent'] / mic_s:.0f} B/s over {mic_s:.1f} s, received "
+              f"{opus['bytesReceived'] / reply_s:.0f} B/s over {reply_s:.1f} s")
+        assert page.evaluate("window.voxpipe.codec") == "opus"  # the new session too
         assert not [e for e in errors if "WebSocket" not in e and "ERR_CONNECTION_REFUSED" not in e], errors

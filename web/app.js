@@ -1,9 +1,12 @@
-// voxpipe browser demo: microphone → WebSocket (f32 at the AudioContext rate), live
-// transcripts, reply text and PCM16 reply audio back. Protocol: docs/PROTOCOL.md.
+// voxpipe browser demo: microphone → WebSocket (Opus where the browser and the server can,
+// else f32, at the AudioContext rate), live transcripts, reply text and reply audio back
+// (Opus or PCM16). Protocol: docs/PROTOCOL.md.
 // Modules: audio.js (context, microphone, playback, levels), protocol.js (the socket and
-// reconnection), ui.js (what is on screen), settings.js (saved choices), tools.js (tool calls).
+// reconnection), opus.js (WebCodecs Opus), ui.js (what is on screen), settings.js (saved
+// choices), tools.js (tool calls).
 
 import { makeContext, Mic, micErrorKind, ReplyPlayer } from "./audio.js";
+import * as opus from "./opus.js";
 import { Connection } from "./protocol.js";
 import { bindSettingsForm, loadSettings, sessionFields } from "./settings.js";
 import * as tools from "./tools.js";
@@ -26,8 +29,11 @@ const vp = (window.voxpipe = {
   micActive: false,
   micError: null, // why the microphone could not start: audio.js micErrorKind
   micKind: null, // "worklet" | "script-processor"
+  codec: null, // "opus" | "pcm": the audio codec of the session (declared; as started once it is)
   audioFramesSent: 0,
   samplesSent: 0,
+  bytesSent: 0, // binary messages' bytes sent (the audio's, whatever its codec)
+  bytesReceived: 0, // binary messages' bytes received (response_id headers included)
   audioFramesReceived: 0,
   audioSamplesReceived: 0,
   audioFramesDropped: 0, // frames of cancelled replies, not played
@@ -56,6 +62,14 @@ let lastUser = null; // the latest user turn: {el, spoken, sentAt}
 let turns = new Map(); // turn_id -> {el, spoken: true, final}: this session's spoken turns
 let views = new Map(); // response id -> {el: reply bubble, user: its user turn}
 let cancelRequested = new Set(); // response ids the user cancelled
+let encoder = null; // opus.OpusMicEncoder of the latest session.start (made at its first audio)
+let outFormat = "pcm16"; // the reply audio's format, as session.started says
+let declaring = false; // a session.start awaits its session.started
+let opusRefused = false; // Opus is off for this page: the server refused it (an older one) or the encoder failed
+const decoders = new opus.OpusReplyDecoders( // decoded Opus plays as PCM would (playFrame)
+  ({ rid, r }, pcm, rate, first) => playFrame(rid, r, { pcm, rate, first }),
+  (k, err) => log(`reply audio ${k}: the Opus decoder failed: ${err.message || err}`, "error"),
+);
 
 const conn = new Connection({
   hello,
@@ -73,13 +87,23 @@ function setConnection(state, text) {
   ui.setConnection(state, text);
 }
 
-// The session.start for a new socket (or for new settings on this one).
+// The session.start for a new socket (or for new settings on this one): Opus where wanted
+// and the browser can (opus.js audioFields; probeOpus() asked it before), else PCM.
 function hello() {
   const rate = ctx ? ctx.sampleRate : 16000;
-  vp.declared = { type: "session.start", sample_rate: rate, format: "f32", channels: 1,
-                  ...sessionFields(settings, ctx ? ctx.sampleRate : 24000) };
+  const fields = sessionFields(settings, ctx ? ctx.sampleRate : 24000);
+  vp.declared = { type: "session.start", sample_rate: rate, channels: 1,
+                  ...opus.audioFields(wantOpus(), rate, fields.output_sample_rate), ...fields };
+  vp.codec = vp.declared.format === "opus" ? "opus" : "pcm";
+  if (encoder) encoder.close(); // a new declaration reads a new stream
+  encoder = null;
+  declaring = true;
   return vp.declared;
 }
+
+const wantOpus = () => !!ctx && settings.codec === "auto" && !opusRefused;
+const probeOpus = () => (wantOpus() ? opus.probe(ctx.sampleRate, sessionFields(settings, ctx.sampleRate)
+  .output_sample_rate) : Promise.resolve());
 
 const key = (rid) => `${vp.sessionId}:${rid}`; // replies are keyed per session: ids restart at 1
 
@@ -114,6 +138,7 @@ function onState(state, info) {
 function onClosed(info) {
   log(`connection closed: code ${info.code}${info.reason ? ` ${info.reason}` : ""}`, info.code === 1000 ? "" : "error");
   if (player) player.stopAll();
+  decoders.dropAll();
   // what the session left unfinished stays on screen as such
   for (const tid of [...turns.keys()]) dropEmptyTurn(tid, "not answered: the connection was lost");
   const v = activeRid === null ? null : views.get(activeRid);
@@ -185,6 +210,7 @@ function newSession(id) {
   activeRid = null;
   userSpeaking = thinking = false;
   if (player) player.stopAll();
+  decoders.dropAll();
 }
 
 // The bubble of spoken turn `tid` (made when its speech starts; reused when it continues).
@@ -253,6 +279,9 @@ function onEvent(ev) {
   switch (ev.type) {
     case "session.started":
       if (ev.session_id !== vp.sessionId) newSession(ev.session_id);
+      declaring = false;
+      vp.codec = ev.input.format === "opus" ? "opus" : "pcm";
+      outFormat = ev.output.format;
       log(`← session.started ${ev.session_id} in ${JSON.stringify(ev.input)} out ${JSON.stringify(ev.output)}`
           + ` · turns end by ${ev.end_of_turn}${ev.eagerness ? ` (eagerness ${ev.eagerness})` : ""}`);
       if (vp.declared && vp.declared.end_of_turn && vp.declared.vad !== false
@@ -327,6 +356,7 @@ function onEvent(ev) {
       r = response(ev.response_id);
       for (const frame of r.held || []) playFrame(ev.response_id, r, frame);
       r.held = null;
+      if (r.done) decoders.end(key(ev.response_id)); // its last packets were held
       log(`← response.resumed #${ev.response_id} after ${ev.paused_ms} ms`);
       break;
     case "tool.call":
@@ -346,6 +376,12 @@ function onEvent(ev) {
         : "← server.status: back to normal", ev.degraded ? "error" : "");
       break;
     case "error":
+      if (opus.refusesOpus(ev, vp.declared, declaring)) { // an older server: PCM for this page
+        opusRefused = true;
+        log("← error bad_event: the server does not take Opus; sending PCM instead");
+        conn.send(hello());
+        break;
+      }
       log(`← error ${ev.code}${ev.fatal ? " (fatal)" : ""}: ${ev.message}`, "error");
       if (!ev.fatal) ui.showBanner("error", { detail: ev.message });
       else if (ev.code === "internal") ui.showBanner("error", { detail: ev.message });
@@ -373,6 +409,7 @@ function onTool(ev) {
 function onDone(ev) {
   const r = response(ev.response_id);
   r.done = ev;
+  if (!r.held) decoders.end(key(ev.response_id)); // its last packet came: decode the rest, free it
   if (activeRid === ev.response_id) activeRid = null;
   const v = views.get(ev.response_id);
   const spoken = !!(v && v.user && v.user.spoken);
@@ -418,6 +455,7 @@ function onCancelled(ev) {
   r.reason = ev.reason;
   r.spokenText = ev.spoken_text;
   if (player) player.stop(key(ev.response_id));
+  decoders.drop(key(ev.response_id));
   if (activeRid === ev.response_id) activeRid = null;
   const v = views.get(ev.response_id);
   if (v && ev.reason === "continued") joinInto(v.user, lastSpeechTid);
@@ -439,24 +477,36 @@ function busy(ev) {
 
 // ---- reply audio -----------------------------------------------------------------------
 
+// A binary frame: response_id, then PCM16 — or one Opus packet (session.started's output
+// format), decoded by the reply's own decoder into the same playback. r.samples counts the
+// samples at the output rate either way (Opus: as the packet's header says).
 function onAudio(buf) {
   vp.audioFramesReceived++;
-  if (buf.byteLength < 6) return;
+  vp.bytesReceived += buf.byteLength;
+  const isOpus = outFormat === "opus";
+  if (buf.byteLength < (isOpus ? 5 : 6)) return;
   const rid = new DataView(buf).getUint32(0, true);
-  const n = (buf.byteLength - 4) >> 1;
+  const packet = isOpus ? new Uint8Array(buf, 4) : null;
+  const n = isOpus ? Math.round((opus.packetSamples48k(packet) * outRate()) / 48000) : (buf.byteLength - 4) >> 1;
   const r = response(rid);
   r.frames++;
   r.samples += n;
   if (r.firstAudioAt === undefined) r.firstAudioAt = performance.now();
   vp.audioSamplesReceived += n;
-  const frame = { pcm: new Int16Array(buf, 4, n), first: r.frames === 1 };
-  if (r.held && !r.cancelled) r.held.push(frame); // paused: queued only once resumed
+  const frame = isOpus ? { packet } : { pcm: new Int16Array(buf, 4, n), rate: outRate(), first: r.frames === 1 };
+  if (r.held && !r.cancelled) r.held.push(frame); // paused: queued (undecoded) only once resumed
   else playFrame(rid, r, frame);
 }
 
+const outRate = () => (vp.declared && vp.declared.output_sample_rate) || 24000;
+
+// Play a frame of reply `rid` (PCM at frame.rate, counted at the reply's rate), or decode it
+// (an Opus packet); dropped if the reply was stopped.
 function playFrame(rid, r, frame) {
-  const rate = (vp.declared && vp.declared.output_sample_rate) || 24000;
-  const played = r.cancelled || r.flushed || !player ? false : player.play(key(rid), frame.pcm, rate, frame.first);
+  const live = !r.cancelled && !r.flushed && !!player;
+  if (frame.packet && live) return decoders.decode(key(rid), frame.packet, outRate(), { rid, r }); // → playFrame
+  const played = live && player.play(key(rid), frame.pcm, frame.rate, frame.first,
+                                     Math.round((frame.pcm.length * outRate()) / frame.rate));
   if (!played) vp.audioFramesDropped++;
   else if (played.underrun) vp.underruns++;
 }
@@ -467,7 +517,7 @@ function playFrame(rid, r, frame) {
 function ensureContext() {
   if (!ctx) {
     try {
-      ctx = makeContext();
+      ctx = makeContext(window.AudioEncoder ? opus.OPUS_RATES : null); // Opus, now or after a settings change
     } catch (err) {
       log(`no audio: ${err.message || err}`, "error");
     }
@@ -498,9 +548,36 @@ function micFailed(err) {
 
 function sendAudio(samples) {
   if (settings.pushToTalk && !talking) return; // push-to-talk: only while the button is held
-  if (!conn.sendBinary(samples.buffer)) return; // Float32Array: little-endian f32 on every browser platform
-  vp.audioFramesSent++;
+  if (vp.declared && vp.declared.format === "opus") {
+    if (!conn.open) return;
+    if (!encoder) encoder = new opus.OpusMicEncoder(vp.declared.sample_rate, sendPacket, encoderFailed);
+    encoder.push(samples); // its packets go out in sendPacket
+  } else if (!conn.sendBinary(samples.buffer)) { // Float32Array: little-endian f32 on every browser platform
+    return;
+  } else {
+    vp.audioFramesSent++;
+    vp.bytesSent += samples.byteLength;
+  }
   vp.samplesSent += samples.length;
+}
+
+function sendPacket(packet) {
+  if (!conn.sendBinary(packet)) return;
+  vp.audioFramesSent++;
+  vp.bytesSent += packet.byteLength;
+}
+
+function encoderFailed(err) {
+  log(`microphone: the Opus encoder failed (${err.message || err}): sending PCM instead`, "error");
+  opusRefused = true;
+  if (conn.open) conn.send(hello());
+}
+
+// The microphone's audio still on its way (the worklet's partial batch, the encoder's last
+// frame) sent: then input.end may follow.
+async function flushAudio() {
+  await mic.flush();
+  if (encoder) await encoder.flush();
 }
 
 function stopMic() {
@@ -546,6 +623,7 @@ $("start").onclick = async () => {
   $("start").disabled = true;
   const resumed = ensureContext();
   try {
+    await probeOpus();
     await conn.connect();
   } catch (err) {
     log(`could not connect: ${err.message || err}`, "error");
@@ -561,7 +639,7 @@ $("start").onclick = async () => {
 
 $("stop").onclick = async () => {
   if (!mic) return;
-  await mic.flush();
+  await flushAudio();
   stopMic();
   conn.send({ type: "input.end" }); // the turn ends now; the socket stays open for the reply
   refresh();
@@ -582,7 +660,7 @@ function talk(on) {
   if (on) {
     if (player) player.stopAll();
   } else {
-    mic.flush().then(() => conn.send({ type: "input.end" }));
+    flushAudio().then(() => conn.send({ type: "input.end" }));
   }
   refresh();
 }
@@ -600,6 +678,7 @@ $("text-form").onsubmit = async (e) => {
   if (!text) return;
   try {
     ensureContext();
+    await probeOpus();
     await conn.connect();
   } catch (err) {
     log(`could not connect: ${err.message || err}`, "error");
@@ -617,10 +696,11 @@ $("text-form").onsubmit = async (e) => {
   refresh();
 };
 
-bindSettingsForm(settings, () => {
+bindSettingsForm(settings, async () => {
   // a session already open takes the new settings now (a new session.start re-declares it)
-  if (conn.open) conn.send(hello());
   refresh();
+  await probeOpus();
+  if (conn.open) conn.send(hello());
 });
 
 // the event log is folded on a small screen

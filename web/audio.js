@@ -1,5 +1,6 @@
 // voxpipe browser demo, audio: the AudioContext, the microphone (AudioWorklet, or a
-// ScriptProcessor where there is none), gapless playback of streamed PCM16 reply audio,
+// ScriptProcessor where there is none), gapless playback of streamed reply audio (PCM16 or
+// decoded Opus),
 // and the input/output levels the page's meters show. No DOM here.
 
 const PLAYBACK_LEAD_S = 0.06; // head start for the first chunk of a reply (s)
@@ -23,14 +24,15 @@ function meter(ctx, node) {
   return { analyser, level: () => rmsLevel(analyser, buf) };
 }
 
-// The page's AudioContext (48 kHz where the device rate is outside the protocol's 8–48 kHz),
-// or null where the browser has none (typed turns still work, without sound).
+// The page's AudioContext (48 kHz where the device rate is outside the protocol's 8–48 kHz,
+// or not one of `rates` when given: Opus takes only its own rates), or null where the
+// browser has none (typed turns still work, without sound).
 // Must be made inside a user gesture so that it may play sound.
-export function makeContext() {
+export function makeContext(rates = null) {
   const AC = window.AudioContext || window.webkitAudioContext;
   if (!AC) return null;
   let ctx = new AC({ latencyHint: "interactive" });
-  if (ctx.sampleRate < 8000 || ctx.sampleRate > 48000) {
+  if (ctx.sampleRate < 8000 || ctx.sampleRate > 48000 || (rates && !rates.includes(ctx.sampleRate))) {
     ctx.close();
     ctx = new AC({ latencyHint: "interactive", sampleRate: 48000 });
   }
@@ -137,15 +139,18 @@ export class ReplyPlayer {
     this.stats = { scheduledSamples: 0, playedSamples: 0, underruns: 0, flushes: 0 };
   }
 
-  // Schedule `pcm` (Int16Array at `rate` Hz) of reply `key` right after what is queued.
-  // Returns false if the reply was stopped (the samples are dropped), else {underrun}
-  // (true: the previous chunk had already finished: the reply's audio ran dry).
-  play(key, pcm, rate, firstChunk) {
+  // Schedule `pcm` (Int16Array, or Float32Array in [-1, 1], at `rate` Hz) of reply `key`
+  // right after what is queued; `count`: the samples it stands for in the counts (played,
+  // scheduled), by default its length (decoded Opus may come at another rate than the
+  // reply's). Returns false if the reply was stopped (the samples are dropped), else
+  // {underrun} (true: the previous chunk had already finished: the reply's audio ran dry).
+  play(key, pcm, rate, firstChunk, count = pcm.length) {
     if (this.stopped.has(key)) return false;
     const ctx = this.ctx;
     const audio = ctx.createBuffer(1, pcm.length, rate);
     const out = audio.getChannelData(0);
-    for (let i = 0; i < pcm.length; i++) out[i] = pcm[i] / 32768;
+    if (pcm instanceof Float32Array) out.set(pcm);
+    else for (let i = 0; i < pcm.length; i++) out[i] = pcm[i] / 32768;
     const src = ctx.createBufferSource();
     src.buffer = audio;
     src.connect(this.gain);
@@ -155,14 +160,14 @@ export class ReplyPlayer {
     const at = Math.max(this.playhead, now + PLAYBACK_LEAD_S);
     src.start(at);
     this.playhead = at + audio.duration;
-    this.stats.scheduledSamples += pcm.length;
+    this.stats.scheduledSamples += count;
     if (!this.playing.has(key)) this.playing.set(key, new Set());
     const set = this.playing.get(key);
     set.add(src);
     src.onended = () => {
       if (!src.voxpipeStopped) {
-        this.played.set(key, (this.played.get(key) || 0) + pcm.length);
-        this.stats.playedSamples += pcm.length;
+        this.played.set(key, (this.played.get(key) || 0) + count);
+        this.stats.playedSamples += count;
       }
       set.delete(src);
       if (set.size === 0 && this.playing.get(key) === set) this.playing.delete(key);

@@ -1,14 +1,15 @@
 // voxpipe browser demo, settings: what the person may choose of the session (system
-// prompt, language, end of turn and eagerness, push-to-talk, reply audio rate;
+// prompt, language, end of turn and eagerness, push-to-talk, reply audio rate, audio codec;
 // docs/PROTOCOL.md `session.start`),
 // kept in the browser's localStorage and applied by the next session.start.
 
 const KEY = "voxpipe.settings";
 export const DEFAULTS = { systemPrompt: "", language: "", pushToTalk: false, outputRate: "auto", endOfTurn: "",
-                          eagerness: "" };
+                          eagerness: "", codec: "auto" };
 const RATES = ["auto", "16000", "22050", "24000", "48000"];
 const RULES = ["", "silence", "smart-turn"];
 const EAGERNESS = ["", "auto", "low", "medium", "high"];
+const CODECS = ["auto", "pcm"]; // auto: Opus both ways where the browser and server can (app.js), else PCM
 
 export function loadSettings() {
   let saved = {};
@@ -21,6 +22,7 @@ export function loadSettings() {
   if (!RATES.includes(String(s.outputRate))) s.outputRate = "auto";
   if (!RULES.includes(s.endOfTurn)) s.endOfTurn = "";
   if (!EAGERNESS.includes(s.eagerness)) s.eagerness = "";
+  if (!CODECS.includes(s.codec)) s.codec = "auto";
   return s;
 }
 
@@ -34,7 +36,8 @@ export function saveSettings(s) {
 }
 
 // The fields of session.start these settings give (only those not at their default, so a
-// page with default settings declares exactly the audio formats).
+// page with default settings declares exactly the audio formats; the codec's fields are
+// app.js's, which knows what the browser and the server can do).
 export function sessionFields(s, contextRate) {
   const f = {};
   f.output_sample_rate = s.outputRate === "auto" ? contextRate : Number(s.outputRate);
@@ -56,6 +59,7 @@ export function bindSettingsForm(settings, onSave) {
     outputRate: form.elements["output-rate"],
     endOfTurn: form.elements["end-of-turn"],
     eagerness: form.elements.eagerness,
+    codec: form.elements.codec,
   };
   const show = () => {
     fields.systemPrompt.value = settings.systemPrompt;
@@ -64,6 +68,7 @@ export function bindSettingsForm(settings, onSave) {
     fields.outputRate.value = String(settings.outputRate);
     fields.endOfTurn.value = settings.endOfTurn;
     fields.eagerness.value = settings.eagerness;
+    fields.codec.value = settings.codec;
   };
   show();
   form.onsubmit = (e) => {
@@ -80,6 +85,7 @@ export function bindSettingsForm(settings, onSave) {
     settings.outputRate = fields.outputRate.value;
     settings.endOfTurn = fields.endOfTurn.value;
     settings.eagerness = fields.eagerness.value;
+    settings.codec = fields.codec.value;
     const kept = saveSettings(settings);
     form.querySelector(".saved").textContent = kept ? "saved" : "saved for this page only (storage is off)";
     onSave(settings);
