@@ -1,4 +1,4 @@
-"""Say symbols, units and numbers as words before synthesis (English).
+"""Say symbols, units and numbers as words before synthesis, per language.
 
 The LLM writes ``98.6°F``, ``45%``, ``$19.99``, ``5 km``, ``21st``, ``Dr.``; a voice reads
 what its front end knows: Piper's espeak-ng reads digits but drops ``°`` (after
@@ -10,14 +10,21 @@ systems (e.g. the "semiotic classes" of Sproat et al., "Normalization of non-sta
 words", Computer Speech & Language 2001: measures, money, ordinals, abbreviations).
 Only what is sent to the voice changes; the reply's text (``response.text``) is kept.
 
-Rules, in order: abbreviations (``Dr.`` → Doctor, ``e.g.`` → for example, …),
-temperatures (``°F``/``°C``/``°``), money (``$ € £ ¥`` with an optional
-million/billion/thousand), percentages, numbers with a unit (``km``, ``kg``, ``mph``,
-``km/h``, ``GB``, …; singular for exactly 1), times (``9:30``, ``9:05``, ``9:00`` with
-an optional am/pm), ordinals (``21st``), then any other number (thousands separators
-dropped; four-digit 1100–2099 read as a year; decimals digit by digit after "point";
-a leading minus as "minus"). Version strings and the like (``1.2.3``, ``v2``, ``mp3``)
-are left alone.
+``verbalize(text, language)`` takes an ISO 639-1 code: ``"de"`` (or ``"de-DE"``, ``"de_AT"``:
+the primary subtag counts) uses the German rules of :mod:`pipeline.tts.normalize_de`; ``"en"``,
+``None`` and any code without rules of its own use the English rules below.
+
+English rules, in order: abbreviations (``Dr.`` → Doctor, ``e.g.`` → for example, …),
+temperatures (``°F``/``°C``/``°``), money (``$ € £ ¥`` before the amount with an optional
+million/billion/thousand, or after it: ``19,99 €``), percentages, numbers with a unit
+(``km``, ``kg``, ``mph``, ``km/h``, ``GB``, …; singular for exactly 1), times (``9:30``,
+``9:05``, ``9:00`` with an optional am/pm), ordinals (``21st``), then any other number
+(thousands separators dropped; four-digit 1100–2099 read as a year; decimals digit by
+digit after "point"; a leading minus as "minus"). Before a symbol (``°``, a currency,
+``%``, a unit) a comma followed by one or two digits is a decimal comma, as written in
+much of Europe: ``98,6 °F`` → "ninety-eight point six degrees Fahrenheit", ``19,99 €`` →
+"nineteen euros and ninety-nine cents"; elsewhere a comma groups thousands. Version
+strings and the like (``1.2.3``, ``v2``, ``mp3``) are left alone.
 """
 
 from __future__ import annotations
@@ -27,8 +34,12 @@ from collections.abc import Callable
 
 from num2words import num2words
 
+from pipeline.tts import normalize_de as german
+
 _NUM = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?"
 """A number: thousands separated by commas, or plain digits; an optional decimal part."""
+_MEASURE = rf"\d+,\d{{1,2}}(?!\d|,\d)|{_NUM}"
+"""A number before a symbol: also with a decimal comma (``98,6 °F``, ``19,99 €``)."""
 
 ABBREVIATIONS = {
     "Dr.": "Doctor", "Mr.": "Mister", "Mrs.": "Missus", "Ms.": "Miz", "Prof.": "Professor", "Jr.": "Junior",
@@ -64,19 +75,25 @@ _SCALES = {"k": "thousand", "bn": "billion", "M": "million"}
 
 _ABBREV = re.compile("|".join(re.escape(a) + (r"(?=\s*\d)" if a == "No." else "")
                               for a in sorted(ABBREVIATIONS, key=len, reverse=True)))
-_TEMP = re.compile(rf"(-?)({_NUM})\s?°(?:\s?([CF])(?![A-Za-z]))?(?=([A-Za-z])?)")
-_MONEY = re.compile(rf"(-?)([$€£¥])\s?({_NUM}){_SCALE}")
-_PERCENT = re.compile(rf"(-?)({_NUM})\s?%")
-_UNIT = re.compile(rf"(?<![\w.])(-?)({_NUM})\s?("
+_TEMP = re.compile(rf"(-?)({_MEASURE})\s?°(?:\s?([CF])(?![A-Za-z]))?(?=([A-Za-z])?)")
+_MONEY = re.compile(rf"(-?)([$€£¥])\s?({_MEASURE}){_SCALE}")
+_MONEY_AFTER = re.compile(rf"(?<![\w.,])(-?)({_MEASURE})\s?([$€£¥])")
+_PERCENT = re.compile(rf"(-?)({_MEASURE})\s?%")
+_UNIT = re.compile(rf"(?<![\w.])(-?)({_MEASURE})\s?("
                    + "|".join(re.escape(u) for u in sorted(UNITS, key=len, reverse=True)) + r")(?![\w/])")
 _TIME = re.compile(r"\b([01]?\d|2[0-3]):([0-5]\d)(?:\s?([ap])\.?m\.?)?(?![\w:])", re.IGNORECASE)
 _ORDINAL = re.compile(r"\b(\d+)(st|nd|rd|th)\b")
 _NUMBER = re.compile(rf"(?<![\w.\-])(-?)({_NUM})(?![\w]|[.\-]\d)")
 
 
+def _plain_digits(text: str) -> str:
+    """``text`` (see ``_MEASURE``) with a decimal point and no thousands commas."""
+    return text.replace(",", ".") if re.fullmatch(r"\d+,\d{1,2}", text) else text.replace(",", "")
+
+
 def _number(text: str, *, year_ok: bool = False) -> str:
-    """``text`` (digits, commas, one decimal point) in words."""
-    plain = text.replace(",", "")
+    """``text`` (digits, commas, one decimal point or comma) in words."""
+    plain = _plain_digits(text)
     if year_ok and "," not in text and "." not in plain and len(plain) == 4 and 1100 <= int(plain) <= 2099:
         return num2words(int(plain), to="year")
     if "." in plain:
@@ -90,7 +107,7 @@ def _signed(sign: str, words: str) -> str:
 
 
 def _is_one(text: str) -> bool:
-    return text.replace(",", "") in ("1", "1.0")
+    return _plain_digits(text) in ("1", "1.0")
 
 
 def _temperature(m: re.Match) -> str:
@@ -101,11 +118,19 @@ def _temperature(m: re.Match) -> str:
 
 
 def _money(m: re.Match) -> str:
-    sign, sym, amount, scale = m.groups()
+    return _say_money(*m.groups())
+
+
+def _money_after(m: re.Match) -> str:
+    sign, amount, sym = m.groups()
+    return _say_money(sign, sym, amount, None)
+
+
+def _say_money(sign: str, sym: str, amount: str, scale: str | None) -> str:
     one, many, sub_one, sub_many = CURRENCIES[sym]
     if scale:
         return f"{_signed(sign, _number(amount))} {_SCALES.get(scale, scale)} {many}"
-    whole, _, cents = amount.replace(",", "").partition(".")
+    whole, _, cents = _plain_digits(amount).partition(".")
     parts = []
     if int(whole) or not cents or not sub_one:
         parts.append(f"{num2words(int(whole))} {one if int(whole) == 1 else many}")
@@ -146,7 +171,8 @@ def _plain(m: re.Match) -> str:
 
 _RULES: tuple[tuple[re.Pattern, Callable[[re.Match], str]], ...] = (
     (_ABBREV, lambda m: ABBREVIATIONS[m.group(0)]), (_TEMP, _temperature), (_MONEY, _money),
-    (_PERCENT, _percent), (_UNIT, _unit), (_TIME, _time), (_ORDINAL, _ordinal), (_NUMBER, _plain),
+    (_MONEY_AFTER, _money_after), (_PERCENT, _percent), (_UNIT, _unit), (_TIME, _time), (_ORDINAL, _ordinal),
+    (_NUMBER, _plain),
 )
 
 
@@ -168,11 +194,18 @@ def _safe(say: Callable[[re.Match], str]) -> Callable[[re.Match], str]:
     return apply
 
 
-def verbalize(text: str) -> str:
+LANGUAGES = {"en": _RULES, "de": german.RULES}
+"""ISO 639-1 code → its rules; any other code reads as English."""
+
+
+def verbalize(text: str, language: str | None = "en") -> str:
     """``text`` with abbreviations, temperatures, money, percentages, measures, times,
-    ordinals and numbers written out in English words (see the module docstring); other
-    text is unchanged. ``"It is 98.6°F."`` → ``"It is ninety-eight point six degrees
-    Fahrenheit."``. Never raises on any string."""
-    for pattern, say in _RULES:
+    ordinals and numbers written out in words of ``language`` (an ISO 639-1 code such as
+    ``"en"`` or ``"de"``; ``None`` or a language without rules: English; see the module
+    docstring); other text is unchanged. ``"It is 98.6°F."`` → ``"It is ninety-eight point
+    six degrees Fahrenheit."``; in German ``"Es sind 98,6 °F."`` → ``"Es sind achtundneunzig
+    Komma sechs Grad Fahrenheit."``. Never raises on any string."""
+    code = (language or "en").strip().lower().replace("_", "-").split("-")[0]
+    for pattern, say in LANGUAGES.get(code, _RULES):
         text = pattern.sub(_safe(say), text)
     return text
