@@ -239,7 +239,11 @@ async def test_llm_slowness_over_the_slo_adapts_in_order_and_undoes_itself(tmp_p
                 assert (await typed_turn(c, "Say hello."))["type"] == "response.done"
             await until_metric(http, "voxpipe_slo_adaptation_level", 0, deadline_s=400.0)
         text = log.read_text()
-        assert transitions(text, "slo_adapt") == [("0", "1"), ("1", "2"), ("2", "1"), ("1", "0")]
+        steps = [(int(a), int(b)) for a, b in transitions(text, "slo_adapt")]
+        # up one level at a time to 2, then back down to 0 one level at a time; on a loaded
+        # machine the recovery may climb again before it settles (the other load is real)
+        assert steps[:2] == [(0, 1), (1, 2)] and steps[-2:] == [(2, 1), (1, 0)], steps
+        assert all(abs(b - a) == 1 for a, b in steps) and all(b == a for (_, a), (b, _) in zip(steps, steps[1:])), steps
         assert "fault injection stopped" in text
         body = await asyncio.to_thread(scrape, http)
         for level in ("0", "1", "2"):

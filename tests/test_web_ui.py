@@ -589,7 +589,7 @@ def test_spoken_conversation_with_real_models_barge_in_and_a_server_restart(tmp_
 
         first.close()  # the server stops ...
         s = until(page, "s.banner && s.banner.kind === 'gone'", "the server-gone banner", timeout_s=120)
-        assert s["connKey"] == "closed", s
+        assert s["connKey"] in ("closed", "connecting"), s  # gone, and (a busy machine's poll late) retrying
         shots(page, "real-04-server-gone")
         # ... and a new one starts on the same port: the page reconnects by itself
         stack.enter_context(running_server(tmp_path / "serve2.log", "--slo-ms", "60000", port=port))
