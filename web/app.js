@@ -8,6 +8,7 @@ import { Connection } from "./protocol.js";
 import { bindSettingsForm, loadSettings, sessionFields } from "./settings.js";
 import * as tools from "./tools.js";
 import * as ui from "./ui.js";
+import { bindTransportToggle, RtcConnection, wantWebRtc } from "./webrtc.js";
 
 const { $, log } = ui;
 const BATCH_MS = 20; // audio per binary message
@@ -43,6 +44,7 @@ const vp = (window.voxpipe = {
   settings: loadSettings(),
 });
 const settings = vp.settings;
+vp.transport = wantWebRtc() && window.RTCPeerConnection ? "webrtc" : "websocket"; // webrtc.js
 
 let ctx = null; // AudioContext (one per page; null where the browser has none)
 let player = null; // ReplyPlayer
@@ -57,7 +59,7 @@ let turns = new Map(); // turn_id -> {el, spoken: true, final}: this session's s
 let views = new Map(); // response id -> {el: reply bubble, user: its user turn}
 let cancelRequested = new Set(); // response ids the user cancelled
 
-const conn = new Connection({
+const conn = new (vp.transport === "webrtc" ? RtcConnection : Connection)({
   hello,
   onEvent,
   onAudio,
@@ -91,7 +93,8 @@ function micWord() {
 }
 
 function showConnected() {
-  const input = vp.declared ? `${vp.declared.sample_rate} Hz ${vp.declared.format}` : "";
+  const declared = vp.declared ? `${vp.declared.sample_rate} Hz ${vp.declared.format}` : "";
+  const input = vp.transport === "webrtc" ? "WebRTC" : declared;
   if (vp.micError) setConnection("warn", `connected · ${micWord()}`);
   else setConnection("open", `connected · ${input}`);
 }
@@ -481,6 +484,7 @@ function ensureContext() {
 async function startMic() {
   if (!ctx) throw Object.assign(new Error("this browser has no Web Audio"), { name: "NoMic" });
   mic = await Mic.open(ctx, BATCH_MS, sendAudio);
+  if (conn.setMicTrack) conn.setMicTrack(mic.stream.getAudioTracks()[0]); // WebRTC: the track carries it
   vp.micActive = true;
   vp.micError = null;
   vp.micKind = mic.kind;
@@ -505,6 +509,7 @@ function sendAudio(samples) {
 
 function stopMic() {
   if (!mic) return;
+  if (conn.setMicTrack) conn.setMicTrack(null);
   mic.close();
   mic = null;
   talking = false;
@@ -514,7 +519,7 @@ function stopMic() {
 // ---- state, meters, buttons ---------------------------------------------------------------
 
 function conversationState() {
-  const playing = !!player && player.isPlaying();
+  const playing = (!!player && player.isPlaying()) || !!conn.playing;
   if (userSpeaking || talking) return "user";
   if (playing) return "speaking";
   if (thinking || activeRid !== null) return "thinking";
@@ -525,7 +530,7 @@ function conversationState() {
 function refresh() {
   vp.state = conversationState();
   ui.setState(vp.state);
-  const playing = !!player && player.isPlaying();
+  const playing = (!!player && player.isPlaying()) || !!conn.playing;
   $("start").disabled = !!mic || !!conn.pending;
   $("stop").disabled = !mic;
   $("cancel").disabled = activeRid === null && !playing;
@@ -535,7 +540,7 @@ function refresh() {
 
 function tick() {
   refresh();
-  ui.showLevels(mic ? mic.level() : 0, player ? player.level() : 0);
+  ui.showLevels(mic ? mic.level() : 0, conn.level ? conn.level() : player ? player.level() : 0);
   if (player) {
     vp.playback = { ...player.stats, playing: player.isPlaying() };
     for (const rid of Object.keys(vp.responses)) vp.responses[rid].playedSamples = player.played.get(key(rid)) || 0;
@@ -617,6 +622,7 @@ $("text-form").onsubmit = async (e) => {
   refresh();
 };
 
+bindTransportToggle($("webrtc"));
 bindSettingsForm(settings, () => {
   // a session already open takes the new settings now (a new session.start re-declares it)
   if (conn.open) conn.send(hello());
