@@ -501,6 +501,7 @@ function micFailed(err) {
 }
 
 function sendAudio(samples) {
+  if (vp.transport === "webrtc") return; // the peer connection's track carries the microphone
   if (settings.pushToTalk && !talking) return; // push-to-talk: only while the button is held
   if (!conn.sendBinary(samples.buffer)) return; // Float32Array: little-endian f32 on every browser platform
   vp.audioFramesSent++;
@@ -622,7 +623,6 @@ $("text-form").onsubmit = async (e) => {
   refresh();
 };
 
-bindTransportToggle($("webrtc"));
 bindSettingsForm(settings, () => {
   // a session already open takes the new settings now (a new session.start re-declares it)
   if (conn.open) conn.send(hello());
@@ -635,3 +635,4 @@ $("log-box").open = wide.matches;
 wide.onchange = () => ($("log-box").open = wide.matches);
 setInterval(tick, TICK_MS);
 refresh();
+bindTransportToggle($("webrtc")); // "Connect over WebRTC" (webrtc.js)
