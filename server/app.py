@@ -1,4 +1,5 @@
-"""The WebSocket server: ``/ws`` sessions, the web demo, ``/healthz`` and ``/metrics``."""
+"""The WebSocket server: ``/ws`` sessions, the web demo, ``/healthz`` and ``/metrics``
+(and, on the same port, the HTTP API and ``POST /webrtc/offer``: server/http_front.py)."""
 
 from __future__ import annotations
 
@@ -40,6 +41,8 @@ from .realtime.wire import RealtimeWire, dialect_from_headers
 from .twilio.outbox import TwilioOutbox
 from .twilio.types import TWILIO_PATH
 from .twilio.wire import TwilioWire
+from .webrtc.endpoint import RtcEndpoint
+from .webrtc.types import OFFER_PATH
 
 logger = logging.getLogger(__name__)
 
@@ -87,13 +90,14 @@ class VoxpipeServer:
         self.sessions = 0
         self.max_sessions = cfg.server.max_sessions or AUTO_SESSIONS_PER_SLOT * cfg.llm_batch.max_batch_size
         self.http_front: HttpFront | None = None  # the HTTP API's connections, once serving
+        self.webrtc = RtcEndpoint(self)  # POST /webrtc/offer: sessions over WebRTC (aiortc, imported on first use)
 
     async def serve(self, host: str | None = None, port: int | None = None):
         """Start listening; returns the websockets ``Server`` (use as async context). The
         same port serves the OpenAI-compatible HTTP API under ``/v1/`` (server/http_front.py)."""
         s = self.cfg.server
         self.start_tasks()
-        front = self.http_front = HttpFront(openai_app(self), max_connections=self.max_sessions)
+        front = self.http_front = HttpFront(openai_app(self, self.webrtc), max_connections=self.max_sessions)
         server = await serve(
             self.handle,
             host or s.host,
@@ -110,6 +114,7 @@ class VoxpipeServer:
             create_connection=front.connection_class(),
         )
         front.attach(server)  # closing the server closes the HTTP API's connections too
+        self.webrtc.attach(server)  # ... and the WebRTC peers, with their sessions
         return server
 
     def start_tasks(self) -> None:
@@ -148,6 +153,10 @@ class VoxpipeServer:
                 resp.headers["Retry-After"] = "5"
                 return resp
             return None
+        if path == OFFER_PATH:  # a GET (a POST goes to the HTTP front: server/openai_front.py)
+            resp = connection.respond(http.HTTPStatus.METHOD_NOT_ALLOWED, "use POST with the SDP offer (JSON)\n")
+            resp.headers["Allow"] = "POST"
+            return resp
         if path == "/healthz":
             status = http.HTTPStatus.OK if self.ready else http.HTTPStatus.SERVICE_UNAVAILABLE
             return connection.respond(status, "ready\n" if self.ready else "warming up\n")

@@ -11,9 +11,9 @@ request before any WebSocket upgrade (so a refused client costs no session).
   ``Origin`` (not a browser), the page's own origin (``Origin``'s host and port equal the
   ``Host`` header), and ``ServerConfig.allow_origins`` (``*`` = any). The same holds for the
   HTTP API under ``/v1/`` (server/openai_api.py: a cross-site page's ``fetch`` must not
-  spend the LLM).
-- **Token**: with ``ServerConfig.token`` set, ``/ws`` and ``/v1/...`` need ``Authorization: Bearer TOKEN``
-  or the query parameter ``token=TOKEN`` (browsers cannot set headers on a WebSocket);
+  spend the LLM) and the WebRTC signalling under ``/webrtc/`` (server/webrtc/).
+- **Token**: with ``ServerConfig.token`` set, ``/ws``, ``/v1/...`` and ``/webrtc/...`` need
+  ``Authorization: Bearer TOKEN`` or the query parameter ``token=TOKEN`` (browsers cannot set headers on a WebSocket);
   ``/metrics`` needs it too when the server listens on a non-loopback address. Compared in
   constant time (:func:`hmac.compare_digest`). ``/twilio`` is the exception: Twilio's
   ``<Stream>`` URL takes no query string and Twilio sends no ``Authorization``, so its token
@@ -93,13 +93,13 @@ class EdgeGuard:
         if not self._host_ok(headers.get("Host")):
             return Refusal(http.HTTPStatus.FORBIDDEN, "host",
                            "Host not allowed: use localhost or 127.0.0.1, or start the server with --allow-host")
-        if path in ("/ws", "/twilio") or path.startswith("/v1/"):
+        if path in ("/ws", "/twilio") or path.startswith(("/v1/", "/webrtc/")):
             origin = headers.get("Origin")
             if origin is not None and not self._origin_ok(origin, headers.get("Host")):
                 return Refusal(http.HTTPStatus.FORBIDDEN, "origin",
                                f"Origin {origin[:100]!r} not allowed: open the page from this server, "
                                "or start it with --allow-origin")
-        if self.token is not None and (path == "/ws" or path.startswith("/v1/")
+        if self.token is not None and (path == "/ws" or path.startswith(("/v1/", "/webrtc/"))
                                        or (path == "/metrics" and not self.loopback)):
             if not self._token_ok(query, headers.get("Authorization")):
                 return Refusal(http.HTTPStatus.UNAUTHORIZED, "token",

@@ -38,3 +38,12 @@ class ApiHost(HttpHost, Protocol):
     governor: Governor
     edge: EdgeGuard
     ready: bool
+
+
+class SessionHost(ApiHost, Protocol):
+    """A server that opens voice sessions on another edge than its ``/ws`` handler (the
+    WebRTC endpoint, :mod:`server.webrtc`): what :class:`ApiHost` gives, and the count of
+    open sessions, which every edge shares under one cap (``max_sessions``)."""
+
+    sessions: int
+    max_sessions: int

@@ -11,6 +11,7 @@ import { Connection } from "./protocol.js";
 import { bindSettingsForm, loadSettings, sessionFields } from "./settings.js";
 import * as tools from "./tools.js";
 import * as ui from "./ui.js";
+import { bindTransportToggle, RtcConnection, wantWebRtc } from "./webrtc.js";
 
 const { $, log } = ui;
 const BATCH_MS = 20; // audio per binary message
@@ -49,6 +50,7 @@ const vp = (window.voxpipe = {
   settings: loadSettings(),
 });
 const settings = vp.settings;
+vp.transport = wantWebRtc() && window.RTCPeerConnection ? "webrtc" : "websocket"; // webrtc.js
 
 let ctx = null; // AudioContext (one per page; null where the browser has none)
 let player = null; // ReplyPlayer
@@ -71,7 +73,7 @@ const decoders = new opus.OpusReplyDecoders( // decoded Opus plays as PCM would 
   (k, err) => log(`reply audio ${k}: the Opus decoder failed: ${err.message || err}`, "error"),
 );
 
-const conn = new Connection({
+const conn = new (vp.transport === "webrtc" ? RtcConnection : Connection)({
   hello,
   onEvent,
   onAudio,
@@ -115,7 +117,8 @@ function micWord() {
 }
 
 function showConnected() {
-  const input = vp.declared ? `${vp.declared.sample_rate} Hz ${vp.declared.format}` : "";
+  const declared = vp.declared ? `${vp.declared.sample_rate} Hz ${vp.declared.format}` : "";
+  const input = vp.transport === "webrtc" ? "WebRTC" : declared;
   if (vp.micError) setConnection("warn", `connected · ${micWord()}`);
   else setConnection("open", `connected · ${input}`);
 }
@@ -531,6 +534,7 @@ function ensureContext() {
 async function startMic() {
   if (!ctx) throw Object.assign(new Error("this browser has no Web Audio"), { name: "NoMic" });
   mic = await Mic.open(ctx, BATCH_MS, sendAudio);
+  if (conn.setMicTrack) conn.setMicTrack(mic.stream.getAudioTracks()[0]); // WebRTC: the track carries it
   vp.micActive = true;
   vp.micError = null;
   vp.micKind = mic.kind;
@@ -547,6 +551,7 @@ function micFailed(err) {
 }
 
 function sendAudio(samples) {
+  if (vp.transport === "webrtc") return; // the peer connection's track carries the microphone
   if (settings.pushToTalk && !talking) return; // push-to-talk: only while the button is held
   if (vp.declared && vp.declared.format === "opus") {
     if (!conn.open) return;
@@ -582,6 +587,7 @@ async function flushAudio() {
 
 function stopMic() {
   if (!mic) return;
+  if (conn.setMicTrack) conn.setMicTrack(null);
   mic.close();
   mic = null;
   talking = false;
@@ -591,7 +597,7 @@ function stopMic() {
 // ---- state, meters, buttons ---------------------------------------------------------------
 
 function conversationState() {
-  const playing = !!player && player.isPlaying();
+  const playing = (!!player && player.isPlaying()) || !!conn.playing;
   if (userSpeaking || talking) return "user";
   if (playing) return "speaking";
   if (thinking || activeRid !== null) return "thinking";
@@ -602,7 +608,7 @@ function conversationState() {
 function refresh() {
   vp.state = conversationState();
   ui.setState(vp.state);
-  const playing = !!player && player.isPlaying();
+  const playing = (!!player && player.isPlaying()) || !!conn.playing;
   $("start").disabled = !!mic || !!conn.pending;
   $("stop").disabled = !mic;
   $("cancel").disabled = activeRid === null && !playing;
@@ -612,7 +618,7 @@ function refresh() {
 
 function tick() {
   refresh();
-  ui.showLevels(mic ? mic.level() : 0, player ? player.level() : 0);
+  ui.showLevels(mic ? mic.level() : 0, conn.level ? conn.level() : player ? player.level() : 0);
   if (player) {
     vp.playback = { ...player.stats, playing: player.isPlaying() };
     for (const rid of Object.keys(vp.responses)) vp.responses[rid].playedSamples = player.played.get(key(rid)) || 0;
@@ -709,3 +715,4 @@ $("log-box").open = wide.matches;
 wide.onchange = () => ($("log-box").open = wide.matches);
 setInterval(tick, TICK_MS);
 refresh();
+bindTransportToggle($("webrtc")); // "Connect over WebRTC" (webrtc.js)

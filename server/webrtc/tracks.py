@@ -1,0 +1,184 @@
+"""Audio between aiortc and the session: the reply track the peer connection sends, and the
+received frames as the PCM16 the session is fed.
+
+:class:`ReplyTrack` is the outgoing ``MediaStreamTrack``: every 20 ms, paced on the wall clock
+like aiortc's own ``AudioStreamTrack``, it hands the sender one 48 kHz mono s16 frame — the
+next 20 ms of reply audio, or silence when there is none (a WebRTC track never pauses; Opus
+codes silence in a few bytes). The session's Responder already paces reply audio at most
+``playback_lead_s`` (1 s) ahead of real time, so the queue stays short; a cancelled reply's
+queued audio is dropped at once and a paused one's held back until it resumes, as the web
+demo does with its player (docs/PROTOCOL.md, "Talking over a reply").
+
+:func:`frame_pcm16` turns a decoded ``av.AudioFrame`` (aiortc's Opus decoder gives s16
+interleaved stereo at 48 kHz) into the bytes the session was declared to take, with silence
+where packets were lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fractions
+import time
+from collections import deque
+
+import numpy as np
+from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+from av import AudioFrame, AudioResampler
+
+from .types import FRAME_S, INPUT_CHANNELS, TRACK_RATE
+
+FRAME_SAMPLES = round(TRACK_RATE * FRAME_S)
+"""Samples in one reply frame (960)."""
+FRAME_BYTES = 2 * FRAME_SAMPLES
+"""Bytes of one mono PCM16 reply frame."""
+MAX_QUEUED_S = 30.0
+"""Reply audio queued at most (s); past it the oldest is dropped (never reached while the
+Responder paces: it sends at most ~1 s ahead)."""
+MAX_GAP_S = 0.5
+"""A gap in the received audio's timestamps up to this long is filled with silence (s)."""
+_TIME_BASE = fractions.Fraction(1, TRACK_RATE)
+_SILENCE = bytes(FRAME_BYTES)
+
+
+class ReplyTrack(MediaStreamTrack):
+    """The reply audio as an aiortc audio track: PCM16 mono at :data:`~.types.TRACK_RATE`,
+    one 20 ms frame per :meth:`recv`, silence when nothing is queued.
+
+    Attributes:
+        frames, audio_frames: frames handed out, and those that held reply audio.
+    """
+
+    kind = "audio"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._queue: deque[tuple[int, bytes]] = deque()  # (response_id, PCM16 bytes), in order
+        self._queued = 0  # bytes in _queue
+        self._held: set[int] = set()  # paused replies: their audio waits
+        self._start: float | None = None
+        self._pts = 0
+        self.frames = self.audio_frames = 0
+
+    @property
+    def queued_s(self) -> float:
+        """Reply audio queued (s), held replies' included."""
+        return self._queued / 2 / TRACK_RATE
+
+    def push(self, response_id: int, pcm16: bytes) -> None:
+        """Queue reply audio: PCM16 mono bytes at :data:`~.types.TRACK_RATE` (an odd byte
+        count loses its last byte)."""
+        pcm16 = pcm16[: len(pcm16) & ~1]
+        if not pcm16:
+            return
+        self._queue.append((response_id, pcm16))
+        self._queued += len(pcm16)
+        while self._queued > MAX_QUEUED_S * TRACK_RATE * 2 and len(self._queue) > 1:
+            self._queued -= len(self._queue.popleft()[1])
+
+    def drop(self, response_id: int) -> None:
+        """Drop reply ``response_id``'s queued audio (cancelled: silent from the next frame)."""
+        self._held.discard(response_id)
+        kept = deque(c for c in self._queue if c[0] != response_id)
+        self._queued = sum(len(c[1]) for c in kept)
+        self._queue = kept
+
+    def hold(self, response_id: int, held: bool) -> None:
+        """Hold back reply ``response_id``'s audio (paused), or let it play on (resumed)."""
+        (self._held.add if held else self._held.discard)(response_id)
+
+    def clear(self) -> None:
+        """Drop everything queued (a new ``session.start``: the old replies are gone)."""
+        self._queue.clear()
+        self._held.clear()
+        self._queued = 0
+
+    def _next_pcm(self) -> bytes:
+        """The next frame's bytes: queued audio of replies not held, in order, padded with
+        silence."""
+        out = bytearray()
+        i = 0
+        while len(out) < FRAME_BYTES and i < len(self._queue):
+            rid, pcm = self._queue[i]
+            if rid in self._held:
+                i += 1
+                continue
+            take = FRAME_BYTES - len(out)
+            out += pcm[:take]
+            self._queued -= min(take, len(pcm))
+            if len(pcm) > take:
+                self._queue[i] = (rid, pcm[take:])
+            else:
+                del self._queue[i]
+        if not out:
+            return _SILENCE
+        self.audio_frames += 1
+        return bytes(out) + _SILENCE[len(out):]
+
+    async def recv(self) -> AudioFrame:
+        """The next 20 ms frame, due :data:`~.types.FRAME_S` after the previous one on the
+        wall clock (late frames come at once: the sender catches up).
+
+        Raises:
+            MediaStreamError: the track was stopped.
+        """
+        if self.readyState != "live":
+            raise MediaStreamError
+        now = time.monotonic()
+        if self._start is None:
+            self._start = now
+        else:
+            self._pts += FRAME_SAMPLES
+            wait = self._start + self._pts / TRACK_RATE - now
+            if wait > 0:
+                await asyncio.sleep(wait)
+            elif wait < -1.0:  # the loop stalled over a second: start the clock again, no burst
+                self._start, self._pts = now, 0
+        frame = AudioFrame(format="s16", layout="mono", samples=FRAME_SAMPLES)
+        frame.planes[0].update(self._next_pcm())
+        frame.pts = self._pts
+        frame.sample_rate = TRACK_RATE
+        frame.time_base = _TIME_BASE
+        self.frames += 1
+        return frame
+
+
+class FrameConverter:
+    """Decoded frames → interleaved PCM16 at :data:`~.types.TRACK_RATE` with
+    :data:`~.types.INPUT_CHANNELS` channels, the format the session is declared with. Opus
+    frames from aiortc already are (a copy of their samples); anything else goes through
+    libswresample (``av.AudioResampler``, made on first need).
+
+    A frame whose ``pts`` comes after a gap (packets the jitter buffer gave up on: lost, or
+    too late) is preceded by silence as long as the gap, up to :data:`MAX_GAP_S`, so the
+    session's audio clock (``audio_ms``, turn lengths, the silence that ends a turn) keeps
+    time with the client's. A longer jump (the sender paused its track, or restarted) is
+    not filled.
+
+    Attributes:
+        frames: frames converted. concealed_s: silence put in for gaps (s).
+    """
+
+    def __init__(self) -> None:
+        self._resampler: AudioResampler | None = None
+        self._next_pts: int | None = None
+        self.frames = 0
+        self.concealed_s = 0.0
+
+    def __call__(self, frame: AudioFrame) -> bytes:
+        """The frame's samples as bytes, after the silence for a gap before it (empty while
+        a resampler fills its first frame)."""
+        self.frames += 1
+        gap = b""
+        if frame.pts is not None and frame.time_base is not None:
+            pts = int(frame.pts * frame.time_base * TRACK_RATE)
+            if self._next_pts is not None and 0 < pts - self._next_pts <= MAX_GAP_S * TRACK_RATE:
+                gap = bytes(2 * INPUT_CHANNELS * (pts - self._next_pts))
+                self.concealed_s += (pts - self._next_pts) / TRACK_RATE
+            self._next_pts = pts + round(frame.samples * TRACK_RATE / frame.sample_rate)
+        if frame.format.name == "s16" and frame.sample_rate == TRACK_RATE and len(frame.layout.channels) == \
+                INPUT_CHANNELS:
+            return gap + np.ascontiguousarray(frame.to_ndarray()).tobytes()
+        if self._resampler is None:
+            self._resampler = AudioResampler(format="s16", layout="stereo", rate=TRACK_RATE)
+        return gap + b"".join(np.ascontiguousarray(f.to_ndarray()).tobytes()
+                              for f in self._resampler.resample(frame))
