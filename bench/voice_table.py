@@ -1,7 +1,8 @@
 """The single-turn voice table (``voxpipe bench voice``, and one run per ``--variant``): one
 server, the clips played from 1 and from N concurrent sessions, one ``voxpipe ask`` per clip,
 a row of per-response p50 / p95 per sessions value and ``--transport`` (PCM16 or Opus on the
-WebSocket: the transports take turns clip round by clip round, so drift hits them alike)."""
+WebSocket, or WebRTC: the transports take turns clip round by clip round, so drift hits them
+alike)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,9 @@ async def _session(url: str, clips: list[Path], out: list[dict], codec: str = "p
     from clients.client import ask
 
     for clip in clips:
+        if codec == "webrtc":
+            out.append(await _rtc_turn(url, clip))
+            continue
         res = await ask(str(clip), url=url, timeout_s=120, codec=codec)
         done = [e for e in res.events if e["type"] == "response.done"]
         if res.busy is not None:
@@ -35,6 +39,41 @@ async def _session(url: str, clips: list[Path], out: list[dict], codec: str = "p
         t["up_bytes_per_s"] = res.bytes_sent / sf.info(str(clip)).duration
         t["down_bytes_per_s"] = res.bytes_received / res.reply_audio_s if res.reply_audio_s else None
         out.append(t)
+
+
+async def _rtc_turn(url: str, clip: Path, timeout_s: float = 120) -> dict:
+    """One clip over WebRTC (``POST /webrtc/offer``, :class:`clients.rtc.RtcClient`: the clip
+    as the microphone track in real time, then silence): the turn's row as :func:`_session`'s,
+    the client's voice-to-voice counted from the end of speech (``speech.stopped``'s position
+    on the track's clock) to the first loud frame of the reply track, and the bytes the peer
+    connection moved (RTP, RTCP, SRTP and DTLS; silence frames both ways included)."""
+    import numpy as np
+
+    from audio.pcm import resample
+    from audio.wav import read_mono
+    from clients.rtc import RATE, RtcClient
+
+    x, sr = read_mono(clip)
+    pcm = (np.clip(resample(x, sr, RATE), -1, 1) * 32767).astype(np.int16)
+    http = url.replace("ws://", "http://", 1).rsplit("/ws", 1)[0]
+    client = RtcClient(http, pcm)
+    try:
+        await client.connect()
+        ended = await client.wait_until(lambda: next((e for e in client.events if e["type"] in (
+            "response.done", "turn.empty", "busy")), None), timeout_s, "the turn's end")
+        if ended["type"] != "response.done":
+            return {"busy": ended.get("reason") or ended["type"], "clip": clip.name}
+        stopped = client.of("speech.stopped")
+        end = client.mic.t0 + stopped[-1]["audio_ms"] / 1000 if stopped and client.mic.t0 else client.at(ended)
+        first = await client.wait_until(lambda: client.heard.first_loud(after=end), 30, "the reply's first audio")
+        sent, received = await client.bytes_moved()
+        row = dict(ended["timings_ms"])
+        reply_s = ended.get("audio_s") or client.heard.loud_s(after=end)
+        row.update(client_voice_to_voice=(first - end) * 1000, clip=clip.name,
+                   up_bytes_per_s=sent / (len(x) / sr), down_bytes_per_s=received / reply_s if reply_s else None)
+        return row
+    finally:
+        await client.close()
 
 
 def _stat(rows: list[dict], key: str) -> tuple[float, float]:

@@ -158,9 +158,10 @@ def build_parser() -> argparse.ArgumentParser:
     bv.add_argument("--compare-cache", action="store_true",
                     help="multi-turn: run twice, with the server's default and with --no-prefix-cache appended "
                          "to --serve-args; rows 'cache' / 'no cache'")
-    bv.add_argument("--transport", nargs="+", choices=["pcm", "opus"], default=["pcm"],
-                    help="the WebSocket's audio: pcm (PCM16) and/or opus both ways; several take turns clip round "
-                         "by clip round, one row each, with bytes per second and the Opus codec's CPU")
+    bv.add_argument("--transport", nargs="+", choices=["pcm", "opus", "webrtc"], default=["pcm"],
+                    help="the audio's way: pcm (PCM16) or opus on the WebSocket, webrtc (POST /webrtc/offer, the "
+                         "webrtc extra); several take turns clip round by clip round, one row each, with bytes per "
+                         "second and the Opus codec's CPU")
     bv.add_argument("--json", action="store_true")
 
     m = sub.add_parser("mic", help="talk to a server with the local microphone and speaker")

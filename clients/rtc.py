@@ -1,5 +1,6 @@
-"""Test helpers: a WebRTC client of ``POST /webrtc/offer`` in aiortc, and an RTP path that
-loses and reorders packets.
+"""A WebRTC client of ``POST /webrtc/offer`` in aiortc (the ``webrtc`` extra), and an RTP path
+that loses and reorders packets: what the tests (tests/test_webrtc.py) and
+``voxpipe bench voice --transport webrtc`` talk to the server with.
 
 :class:`RtcClient` sends a clip as its microphone track (real time, 20 ms frames, then
 silence), posts its offer (non-trickle: aiortc gathers its candidates before it returns the
@@ -136,7 +137,7 @@ def lossy_rtp(pc: RTCPeerConnection, drop: float, reorder: float, seed: int) -> 
             while held:
                 await send(held.pop())
 
-        transport._send_rtp = lossy
+        transport._send_rtp = lossy  # type: ignore[method-assign]
     return stats
 
 
@@ -184,6 +185,7 @@ class RtcClient:
                 frame = await track.recv()
             except MediaStreamError:
                 return
+            assert isinstance(frame, AudioFrame)  # an audio track's frames
             x = frame.to_ndarray().astype(np.float32).reshape(-1, len(frame.layout.channels)).mean(axis=1) / 32768
             self.heard.times.append(time.monotonic())
             self.heard.rms.append(float(np.sqrt(np.mean(x * x))) if len(x) else 0.0)
@@ -199,9 +201,15 @@ class RtcClient:
         return await asyncio.to_thread(post, self.http + "/webrtc/offer", body, self.headers)
 
     async def connect(self, deadline_s: float = 60) -> None:
-        """Offer, take the answer, and wait for the ``events`` channel to open."""
+        """Offer, take the answer, and wait for the ``events`` channel to open.
+
+        Raises:
+            ConnectionError: the server refused the offer (its status and answer).
+            TimeoutError: the channel did not open within ``deadline_s``.
+        """
         status, _, body = await self.offer()
-        assert status == 200, (status, body)
+        if status != 200:
+            raise ConnectionError(f"the offer was refused: HTTP {status}: {body.strip()[:300]}")
         answer = json.loads(body)
         await self.pc.setRemoteDescription(RTCSessionDescription(sdp=answer["sdp"], type=answer["type"]))
         await asyncio.wait_for(self._open.wait(), deadline_s)
