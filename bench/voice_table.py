@@ -37,7 +37,7 @@ async def _session(url: str, clips: list[Path], out: list[dict], codec: str = "p
         t["client_voice_to_voice"] = res.timings_ms.get("voice_to_voice")
         t["clip"] = clip.name
         t["up_bytes_per_s"] = res.bytes_sent / sf.info(str(clip)).duration
-        t["down_bytes_per_s"] = res.bytes_received / res.reply_audio_s if res.reply_audio_s else None
+        t["down_bytes_per_s"] = res.reply_bytes / res.reply_audio_s if res.reply_audio_s else None
         out.append(t)
 
 

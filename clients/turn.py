@@ -53,8 +53,9 @@ class AskResult:
 
     transcript: str = ""
     reply_text: str = ""
-    bytes_sent: int = 0  # binary payload bytes this turn sent (audio) and received (reply audio)
+    bytes_sent: int = 0  # binary payload bytes this turn sent (audio) and received (every reply's audio)
     bytes_received: int = 0
+    reply_bytes: int = 0  # ... of the answered reply (``reply_audio``) alone
     reply_audio: list[np.ndarray] = field(default_factory=list)
     output_rate: int = 24000
     timings_ms: dict = field(default_factory=dict)
@@ -76,7 +77,7 @@ class AskResult:
                 "partials": self.partials, "turn_empty": self.empty_reason, "busy": self.busy,
                 "errors": [{"code": e.get("code"), "message": e.get("message")} for e in self.errors],
                 "text_only": self.text_only, "status": self.status,
-                "bytes": {"sent": self.bytes_sent, "received": self.bytes_received}}
+                "bytes": {"sent": self.bytes_sent, "received": self.bytes_received, "reply": self.reply_bytes}}
 
 
 def pcm16_frames(path: str) -> tuple[list[bytes], int, int]:
@@ -206,11 +207,13 @@ class Turn:
         closes cleanly."""
         res, marks = self.result, self._marks
         audio: dict[int, list[np.ndarray]] = {}
+        per_reply: dict[int, int] = {}  # payload bytes per response_id
         async for msg in self.ws:
             now = time.perf_counter()
             if isinstance(msg, bytes):
                 rid, pcm = parse_audio_frame(msg)
                 res.bytes_received += len(pcm)
+                per_reply[rid] = per_reply.get(rid, 0) + len(pcm)
                 if self.reply_decoder is not None:
                     pcm = self.reply_decoder.pcm16(rid, pcm)
                 marks.setdefault(("first_audio", rid), now)
@@ -218,6 +221,8 @@ class Turn:
                 continue
             ev = json.loads(msg)
             res.events.append(ev)
+            if ev.get("type") == "response.done":
+                res.reply_bytes = per_reply.get(ev.get("response_id", -1), 0)
             if self._event(ev, now, audio):
                 return
 

@@ -141,5 +141,5 @@ class TwilioWire:
         self.dropped += 1
         metrics.ERRORS.labels("bad_event").inc()
         if str(self.dropped).rstrip("0") == "1":
-            logger.warning("twilio stream %s: dropped a message (%d so far): %s", self.out.stream_sid, self.dropped,
-                           why)
+            logger.warning("twilio stream %s: dropped a message (%d so far): %s",
+                           self.out.stream_sid or "(not started)", self.dropped, why)
