@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -39,6 +39,30 @@ from websockets.asyncio.server import Server, ServerConnection
 from pipeline import metrics
 
 logger = logging.getLogger(__name__)
+
+
+class Closable(Protocol):
+    """Something the websockets server's ``close()`` closes too (:func:`close_along`)."""
+
+    closing: bool
+
+    async def aclose(self) -> None: ...
+
+
+def close_along(server: Server, part: Closable, name: str) -> None:
+    """Make ``server.close()`` start ``part.aclose()`` too (unless ``part`` is already
+    closing), as a task named ``name`` that ``server.wait_closed()`` waits for (websockets'
+    close waits for its handler tasks)."""
+    close = server.close
+
+    def close_both(*args: Any, **kwargs: Any) -> None:
+        if not part.closing:
+            task = asyncio.get_running_loop().create_task(part.aclose(), name=name)
+            server.handler_tasks.add(task)
+            task.add_done_callback(server.handler_tasks.discard)
+        close(*args, **kwargs)
+
+    server.close = close_both  # type: ignore[method-assign]
 
 MAX_REQUEST_LINE = 8192
 """Bytes of a connection's first line read before deciding: a longer line goes to websockets
@@ -156,16 +180,7 @@ class HttpFront:
     def attach(self, server: Server) -> None:
         """Make ``server.close()`` close this front's connections as well, and
         ``server.wait_closed()`` wait for them."""
-        close = server.close
-
-        def close_both(*args: Any, **kwargs: Any) -> None:
-            if not self.closing:
-                task = asyncio.get_running_loop().create_task(self.aclose(), name="voxpipe-http-close")
-                server.handler_tasks.add(task)  # websockets' close waits for its handler tasks
-                task.add_done_callback(server.handler_tasks.discard)
-            close(*args, **kwargs)
-
-        server.close = close_both  # type: ignore[method-assign]
+        close_along(server, self, "voxpipe-http-close")
 
     async def aclose(self) -> None:
         """Close every connection: undecided ones and idle keep-alive ones at once, requests

@@ -25,7 +25,7 @@ import http
 import importlib.util
 import json
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
@@ -34,7 +34,7 @@ from websockets.asyncio.server import Server
 from pipeline import metrics
 from pipeline.session import events as ev
 
-from ..http_front import BODY_TIMEOUT_S
+from ..http_front import BODY_TIMEOUT_S, close_along
 from ..protocol import ProtocolError, json_kind
 from ..types import SessionHost
 from .sdp import check_offer
@@ -148,16 +148,7 @@ class RtcEndpoint:
 
     def attach(self, server: Server) -> None:
         """Make ``server.close()`` close the peers too, and ``server.wait_closed()`` wait for it."""
-        close = server.close
-
-        def close_both(*args: Any, **kwargs: Any) -> None:
-            if not self.closing:
-                task = asyncio.get_running_loop().create_task(self.aclose(), name="voxpipe-webrtc-close")
-                server.handler_tasks.add(task)  # websockets' close waits for its handler tasks
-                task.add_done_callback(server.handler_tasks.discard)
-            close(*args, **kwargs)
-
-        server.close = close_both  # type: ignore[method-assign]
+        close_along(server, self, "voxpipe-webrtc-close")
 
     async def aclose(self) -> None:
         """Close every peer (their sessions end), waiting at most :data:`CLOSE_GRACE_S`."""
