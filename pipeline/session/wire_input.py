@@ -17,6 +17,7 @@ from typing import Protocol
 
 import numpy as np
 
+from audio.opus import OpusDecoder, packet_seconds, run_codec
 from audio.pcm import AudioFormatError, PcmDecoder, PcmFormat
 from pipeline.session.quiet_batch import QUIET_BATCH_MS, QuietBatcher
 
@@ -83,8 +84,6 @@ class OpusInput:
     (so a flood of them costs the client a few messages, not one each)."""
 
     def __init__(self, channels: int) -> None:
-        from audio.opus import OpusDecoder  # PyAV: only for sessions that use it
-
         self._decoder = OpusDecoder(channels)
         self._held: list[bytes] = []
         self.corrupt = 0  # packets dropped so far
@@ -94,8 +93,6 @@ class OpusInput:
         return None
 
     def seconds(self, data: bytes) -> float:
-        from audio.opus import packet_seconds
-
         try:
             return packet_seconds(data)
         except AudioFormatError:
@@ -108,8 +105,6 @@ class OpusInput:
         return await self._decode()
 
     async def _decode(self) -> tuple[np.ndarray, str | None]:
-        from audio.opus import run_codec
-
         packets, self._held = self._held, []
         if not packets:
             return np.zeros(0, np.float32), None
