@@ -10,10 +10,11 @@ if [ "${VOXPIPE_SKIP_APT:-0}" != "1" ]; then
   # libportaudio2: microphone/speaker for `voxpipe mic`; chromium: the web demo's browser test;
   # pulseaudio, pulseaudio-utils, libasound2-plugins: the mic client's loopback test (a private
   # PulseAudio daemon with virtual devices, reached by PortAudio through ALSA's pulse plugin);
-  # gcc, libc6-dev: voxpipe's C kernels (pipeline/llm/runner/native/), built on first use.
+  # gcc, libc6-dev: voxpipe's C kernels (pipeline/llm/runner/native/), built on first use;
+  # espeak-ng: `--voice LANG=espeak:CODE`, the voice of languages without a packaged Piper voice.
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends libportaudio2 chromium \
-    pulseaudio pulseaudio-utils libasound2-plugins gcc libc6-dev >/dev/null
+    pulseaudio pulseaudio-utils libasound2-plugins gcc libc6-dev espeak-ng >/dev/null
 fi
 
 PY=${PYTHON:-python3}

@@ -46,17 +46,19 @@ def serve_command(args) -> int:
 def serve_config(args) -> VoxpipeConfig:
     """The validated configuration of ``voxpipe serve``'s parsed flags
     (:func:`cli.flags.config_from_args`), after the start-up checks that look past the config:
-    model names and folders, the ``--tts`` choice, the flags that go with a remote LLM.
+    model names and folders, the ``--tts`` and ``--voice`` choice (a non-English voice picks the
+    multilingual Whisper when ``--asr-model`` is not given), the flags that go with a remote LLM.
 
     Raises:
         ValueError: a bad flag, environment variable or combination, in one line.
     """
     from cli.flags import config_from_args
-    from pipeline.tts.choice import resolve_tts
+    from pipeline.tts.choice import multilingual_asr, resolve_tts
 
     cfg = config_from_args(args)
     _check_fallback(cfg.degrade.fallback_llm)
     cfg.tts = resolve_tts(cfg.tts)
+    cfg = multilingual_asr(cfg, asr_model_given="asr.model" in vars(args))
     _check_llm(cfg.llm, ray=args.ray is not None)
     return cfg.validate()
 

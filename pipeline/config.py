@@ -270,15 +270,19 @@ class TtsConfig:
     """The TTS stage: Piper (default) or a Coqui TTS model folder."""
 
     backend: str = flag("piper", name="--tts", metavar="piper|piper:VOICE|coqui:PATH")
-    """``piper`` (the ``--voice`` voice), ``piper:VOICE`` (joe or a Piper .onnx), or
+    """``piper`` (the ``--voice`` voices), ``piper:VOICE`` (one voice: joe or a Piper .onnx), or
     ``coqui:PATH`` (a Coqui TTS model folder: config.json + checkpoint; VITS, one speaker; needs
     the coqui extra).
 
     :mod:`pipeline.tts.coqui` runs Coqui. A value with a colon is split into ``backend`` and
-    ``voice`` at start-up (:func:`pipeline.tts.choice.resolve_tts`)."""
-    voice: str = flag("joe", name="--voice", metavar="VOICE")
-    """Piper: ``joe`` (the package's voice) or a Piper ``.onnx`` voice path; Coqui: the model
-    folder (``config.json`` + a checkpoint)."""
+    ``voices`` at start-up (:func:`pipeline.tts.choice.resolve_tts`)."""
+    voices: tuple[str, ...] = flag((), name="--voice", metavar="[LANG=]VOICE")
+    """A voice for a language: ``LANG=VOICE``, ``VOICE`` (English) — ``joe``, ``espeak:CODE``
+    (an espeak-ng voice) or a Piper ``.onnx`` path; the first is the default voice, none: joe.
+
+    Each voice is loaded once and shared by every session; a reply is spoken by the voice of
+    its turn's language unless the session chose one (:mod:`pipeline.tts.catalogue`). Coqui:
+    the model folder (``config.json`` + a checkpoint)."""
     threads: int = 1
     """Onnxruntime intra-op threads (Piper), torch threads in the TTS worker (Coqui)."""
     workers: int = 1
@@ -292,6 +296,16 @@ class TtsConfig:
     playback_lead_s: float = 1.0
     """Reply audio is sent at most this far ahead of real-time playback (s), so a barge-in
     silences the client quickly."""
+
+    @property
+    def voice(self) -> str:
+        """The default (first) voice's ``VOICE`` part (``joe`` without any ``--voice``): a Piper
+        voice, an ``espeak:CODE`` or a Coqui folder."""
+        if not self.voices:
+            return "joe"
+        item = self.voices[0]
+        lang, sep, voice = item.partition("=")
+        return voice.strip() if sep and "/" not in lang else item.strip()
 
     def validate(self) -> None:
         """Raises:

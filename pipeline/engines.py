@@ -28,8 +28,9 @@ from pipeline.serving.admission import Load
 from pipeline.serving.types import StageLoad
 from pipeline.stages import AsrStage, EotStage, LlmStage, Stage, TtsStage, VadModel
 from pipeline.tools.toolbox import Toolbox, load_tools
+from pipeline.tts.catalogue import VoiceCatalogue
 from pipeline.tts.engine import PhraseEngine, TtsEngine
-from pipeline.tts.loader import load_voice, voice_files
+from pipeline.tts.loader import load_voices, piper_files
 
 logger = logging.getLogger(__name__)
 
@@ -126,6 +127,9 @@ class Engines:
     """The end-of-turn model (None: turns end on silence alone)."""
     tools: Toolbox | None = None
     """The server's own tools (``--tools``, ``--builtin-tool``; None: none)."""
+    voices: VoiceCatalogue = field(default_factory=VoiceCatalogue)
+    """The TTS stage's voices, default first, that sessions pick from by name or language
+    (empty: the stage does not say — fakes, a remote or Coqui stage — and speaks its own)."""
     weights: dict[str, int] = field(default_factory=dict)
     """Host memory known at load (bytes), by part of ``voxpipe_memory_bytes``: the models'
     weights (``weights_asr``, ``weights_tts``, ``weights_vad``, ``weights_eot``;
@@ -199,7 +203,7 @@ def load_stage(cfg: VoxpipeConfig, stage: Literal["asr", "llm", "tts"]) -> AsrEn
 
         return load_coqui_engine(cfg.tts)
     if stage == "tts":
-        return TtsEngine(load_voice(cfg.tts), cfg.tts)
+        return TtsEngine(load_voices(cfg.tts), cfg.tts)
     raise ValueError(f"unknown stage {stage!r}: asr, llm or tts")
 
 
@@ -251,7 +255,7 @@ def loaded_weights(cfg: VoxpipeConfig, engines: Engines) -> dict[str, int]:
         out["weights_asr"] = memory_parts.file_bytes([whisper_path(cfg.asr.model) / "model.bin"])
     tts_model = getattr(engines.tts, "model", None)  # a Coqui engine's torch module
     if isinstance(engines.tts, TtsEngine):
-        out["weights_tts"] = memory_parts.file_bytes(voice_files(cfg.tts)[:1])
+        out["weights_tts"] = memory_parts.file_bytes(piper_files(cfg.tts))
     elif cfg.tts.backend == "coqui" and tts_model is not None:
         out["weights_tts"] = memory_parts.tensor_bytes(tts_model)
     if isinstance(engines.eot, EotEngine):
@@ -260,7 +264,7 @@ def loaded_weights(cfg: VoxpipeConfig, engines: Engines) -> dict[str, int]:
 
 
 def load_engines(cfg: VoxpipeConfig) -> Engines:
-    """Load VAD, Whisper, the LLM, the Piper voice and, with ``--end-of-turn smart-turn``,
+    """Load VAD, Whisper, the LLM, the voices (``--voice``) and, with ``--end-of-turn smart-turn``,
     the end-of-turn model (slow: call once at startup).
 
     Raises:
@@ -296,7 +300,11 @@ def load_engines(cfg: VoxpipeConfig) -> Engines:
             fallback.load_now()
             logger.info("fallback LLM loaded (%s)", name)
     logger.info("models loaded in %.1f s", time.perf_counter() - t0)
-    engines = Engines(vad=vad, asr=asr, llm=llm, tts=tts, fallback_llm=fallback, eot=eot, tools=tools)
+    voices = tts.catalogue if isinstance(tts, TtsEngine) else VoiceCatalogue()
+    if voices.voices:
+        logger.info("voices: %s (default %s)", voices.names(), voices.voices[0].name)
+    engines = Engines(vad=vad, asr=asr, llm=llm, tts=tts, fallback_llm=fallback, eot=eot, tools=tools,
+                      voices=voices)
     engines.weights = {"runtime": runtime, **loaded_weights(cfg, engines)}
     engines.start()
     return engines

@@ -18,7 +18,7 @@ from pipeline.asr.types import AsrRequest, DecodeRequest, DecodeResult, Transcri
 from pipeline.llm.types import GenRequest, GenStats
 from pipeline.serving.types import StageLoad
 from pipeline.tools.types import ToolSpec
-from pipeline.tts.types import Speech
+from pipeline.tts.types import Phrase, Speech
 
 
 class VadStream(Protocol):
@@ -119,12 +119,14 @@ class LlmStage(Stage, Protocol):
 class TtsStage(Stage, Protocol):
     """Text to speech, one phrase at a time."""
 
-    async def run(self, item: str, *, priority: int | None = None) -> Speech:
-        """Synthesize one phrase; ``priority`` 0 for a reply's first phrase (a user waits
+    async def run(self, item: str | Phrase, *, priority: int | None = None) -> Speech:
+        """Synthesize one phrase (a :class:`Phrase` names its voice; a ``str``: the default
+        voice); ``priority`` 0 for a reply's first phrase (a user waits
         for it: served first), 1 for later ones (their reply is already playing).
 
         Raises:
-            Busy: the stage's queue is full; or the voice's exception.
+            Busy: the stage's queue is full; or the voice's exception
+            (:class:`~pipeline.tts.catalogue.UnknownVoice` for a voice it has not loaded).
         """
         ...
 

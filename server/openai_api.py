@@ -1,6 +1,7 @@
 """voxpipe's own LLM as an OpenAI-compatible HTTP API: ``GET /v1/models`` and
 ``POST /v1/chat/completions`` (JSON, or Server-Sent Events with ``stream``), an ASGI app on
-the server's port (:mod:`server.http_front` routes ``/v1/...`` to it).
+the server's port (:mod:`server.http_front` routes ``/v1/...`` to it); beside them
+``GET /v1/voices``, the voices sessions may choose (``session.start.voice``).
 
 A completion is one more request to the same continuously batching engine the voice
 sessions use (``engines.llm.submit``), so text clients and voice turns share its batch, and
@@ -192,6 +193,13 @@ class OpenAiApi:
         """``GET /v1/models/{id}``: the model, or 404."""
         self._check_model(request.path_params["model_id"], param=None)
         return _json(200, self._card())
+
+    async def voices(self, request: Request) -> Response:
+        """``GET /v1/voices``: the server's voices, default first
+        (:meth:`~pipeline.tts.catalogue.VoiceCatalogue.as_json`: ``{"object": "list", "data":
+        [{"name", "language", "backend", "sample_rate"}, ...], "default": name}``; an empty
+        list where the TTS stage does not say: a remote or Coqui stage)."""
+        return _json(200, self.server.engines.voices.as_json())
 
     async def chat_completions(self, request: Request) -> Response:
         """``POST /v1/chat/completions`` (see the module docstring)."""

@@ -1,5 +1,5 @@
 """The ASGI entry of voxpipe's OpenAI-compatible HTTP API: :func:`openai_app` routes
-``/v1/models`` and ``/v1/chat/completions`` to :class:`~server.openai_api.OpenAiApi` behind
+``/v1/models``, ``/v1/chat/completions`` and ``/v1/voices`` to :class:`~server.openai_api.OpenAiApi` behind
 :class:`ApiFront`, which checks the edge (``Host``, ``Origin``, the bearer token), counts
 requests by status, and answers what is not for the API on a kept-alive connection with the
 server's plain answers. :mod:`server.http_front` hands it the requests under ``/v1/`` and
@@ -52,7 +52,8 @@ class ApiFront:
         if not path.startswith("/v1/") or path.rstrip("/") == "/v1/realtime":  # websockets' paths
             await self._plain(scope, send, path, query)
             return
-        endpoint = {"/v1/chat/completions": "chat_completions", "/v1/models": "models"}.get(
+        endpoint = {"/v1/chat/completions": "chat_completions", "/v1/models": "models",
+                    "/v1/voices": "voices"}.get(
             path, "model" if path.startswith("/v1/models/") else "other")
         status = 500
 
@@ -132,5 +133,6 @@ def openai_app(server: ApiHost, webrtc: RtcEndpoint | None = None) -> ASGIApp:
         Route("/v1/models", api.models, methods=["GET"]),
         Route("/v1/models/{model_id:path}", api.model_info, methods=["GET"]),
         Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
+        Route("/v1/voices", api.voices, methods=["GET"]),
     ], exception_handlers={HTTPException: http_error, ApiError: api_error})
     return ApiFront(app, server, webrtc)

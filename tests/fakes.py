@@ -23,7 +23,7 @@ from pipeline.errors import Busy
 from pipeline.llm.types import FinishReason, GenRequest, GenStats
 from pipeline.serving.types import StageLoad
 from pipeline.tools.toolbox import Toolbox
-from pipeline.tts.types import Speech
+from pipeline.tts.types import Phrase, Speech
 
 WORD_LEVEL = 0.05
 """Audio at or above this amplitude holds words; quieter non-zero audio is wordless speech."""
@@ -282,16 +282,20 @@ class FakeTts(_Stage):
         self.s_per_char, self.delay_s, self.rate, self.hz = s_per_char, delay_s, rate, hz
         self.script = script or {}
         self.phrases: list[str] = []
+        self.voices: list[str | None] = []  # each phrase's voice (None: the default)
 
-    async def run(self, item: str, *, priority: int | None = None) -> Speech:
+    async def run(self, item: str | Phrase, *, priority: int | None = None) -> Speech:
+        phrase = item if isinstance(item, Phrase) else Phrase(item)
+        item = phrase.text
         self.phrases.append(item)
+        self.voices.append(phrase.voice)
         await asyncio.sleep(self.delay_s)
         audio = self.script.get(item)
         if audio is None:
             n = int(len(item) * self.s_per_char * self.rate)
             audio = (np.full(n, 0.1, np.float32) if not self.hz else
                      (0.1 * np.sqrt(2) * np.sin(2 * np.pi * self.hz * np.arange(n) / self.rate)).astype(np.float32))
-        return Speech(audio, self.rate, self.delay_s * 1000)
+        return Speech(audio, self.rate, self.delay_s * 1000, phrase.voice or "")
 
 
 class FakeEot(_Stage):

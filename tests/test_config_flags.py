@@ -95,7 +95,7 @@ EXISTING = [  # every flag before the flags were generated: (argv, section, fiel
     (["--llm-timeout-s", "5"], "llm", "remote_timeout_s", 5.0),
     (["--asr-model", "base"], "asr", "model", "base"),
     (["--asr-batch-size", "4"], "asr", "max_batch_size", 4),
-    (["--voice", "/v.onnx"], "tts", "voice", "/v.onnx"),
+    (["--voice", "/v.onnx"], "tts", "voices", ("/v.onnx",)),
     (["--tts", "coqui:/m"], "tts", "backend", "coqui:/m"),  # split into backend and voice at start-up
     (["--device", "cpu-int4"], "llm", "device", "cpu-int4"),
     (["--llm-threads", "2"], "llm", "threads", 2),

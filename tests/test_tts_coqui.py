@@ -111,7 +111,7 @@ def test_a_long_phrase_is_spoken_in_pieces():
             return {"wav": np.full(len(text), 0.1, np.float32)}
 
     model = Model()
-    engine = CoquiTtsEngine(model, 22050, TtsConfig(backend="coqui", voice="x"))
+    engine = CoquiTtsEngine(model, 22050, TtsConfig(backend="coqui", voices=("x",)))
     text = "hello there friend " * 160  # 3040 characters, no punctuation
     speech = engine.synthesize(text)
     assert len(model.calls) > 1 and all(0 < len(c) <= MAX_PIECE_CHARS for c in model.calls)
@@ -122,17 +122,17 @@ def test_a_long_phrase_is_spoken_in_pieces():
     assert len(engine.synthesize("Hi there.").audio) > 0 and model.calls == ["Hi there."]
 
 
-def tts_config(flag: str, *, voice: str = "joe", threads: int = 1) -> TtsConfig:
-    """What ``--tts FLAG --voice VOICE --tts-threads THREADS`` configure."""
-    return resolve_tts(TtsConfig(backend=flag, voice=voice, threads=threads))
+def tts_config(flag: str, *, voice: str | None = None, threads: int = 1) -> TtsConfig:
+    """What ``--tts FLAG [--voice VOICE] --tts-threads THREADS`` configure."""
+    return resolve_tts(TtsConfig(backend=flag, voices=(voice,) if voice else (), threads=threads))
 
 
 def test_tts_flag_parsing(tmp_path):
     folder = _write_config(tmp_path / "m", {"model": "vits"})
     assert tts_config("piper") == TtsConfig()  # the default: Piper's joe
     assert tts_config("piper", voice="/v/x.onnx").voice == "/v/x.onnx"
-    assert tts_config("piper:/v/y.onnx", threads=2) == TtsConfig(voice="/v/y.onnx", threads=2)
-    assert tts_config(f"coqui:{folder}") == TtsConfig(backend="coqui", voice=str(folder))
+    assert tts_config("piper:/v/y.onnx", threads=2) == TtsConfig(voices=("/v/y.onnx",), threads=2)
+    assert tts_config(f"coqui:{folder}") == TtsConfig(backend="coqui", voices=(str(folder),))
     bad = (("coqui", "joe", "needs the model folder"), (f"coqui:{folder}", "/v/x.onnx", "--voice"),
            ("piper:/a.onnx", "/b.onnx", "give the Piper voice once"), ("espeak", "joe", "use piper"))
     for flag, voice, says in bad:
@@ -193,7 +193,7 @@ def expected_samples(vits_dir, deltas: list[str]) -> int:
     depend on the text only) and resampled like the session does."""
     from pipeline.tts.coqui import load_coqui_engine
 
-    engine = load_coqui_engine(TtsConfig(backend="coqui", voice=str(vits_dir)))
+    engine = load_coqui_engine(TtsConfig(backend="coqui", voices=(str(vits_dir),)))
     chunker = SentenceChunker()
     phrases = [p for d in deltas for p in chunker.push(d)] + chunker.flush()
     total = 0

@@ -27,7 +27,7 @@ from pipeline.remote.stats import StatsCache, StatsPoller
 from pipeline.remote.types import RemoteStageName, ReplicaStats, StageUnavailable
 from pipeline.serving.types import StageLoad
 from pipeline.tools.types import ToolSpec
-from pipeline.tts.types import Speech
+from pipeline.tts.types import Phrase, Speech
 
 logger = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ class RemoteTts(RemoteStage):
     def __init__(self, handle: DeploymentHandle) -> None:
         super().__init__("tts", handle)
 
-    async def run(self, item: str, *, priority: int | None = None) -> Speech:
+    async def run(self, item: str | Phrase, *, priority: int | None = None) -> Speech:
         """Synthesize one phrase in a replica (``priority`` 0: a reply's first phrase).
 
         Raises:

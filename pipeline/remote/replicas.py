@@ -38,7 +38,7 @@ from pipeline.remote.types import INGRESS_NAME, RemoteStageName, ReplicaStats
 from pipeline.serving.faults import FaultInjector, injected
 from pipeline.serving.governor import TICK_S, Governor
 from pipeline.tools.types import ToolSpec
-from pipeline.tts.types import Speech
+from pipeline.tts.types import Phrase, Speech
 
 logger = logging.getLogger(__name__)
 
@@ -214,7 +214,7 @@ class TtsReplica(_Replica):
 
     stage: RemoteStageName = "tts"
 
-    async def run(self, text: str, priority: int | None = None) -> Speech:
+    async def run(self, text: str | Phrase, priority: int | None = None) -> Speech:
         """Speak one phrase (see :meth:`pipeline.stages.TtsStage.run`).
 
         Raises:

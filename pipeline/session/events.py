@@ -64,6 +64,10 @@ class SessionStart(_ClientEvent):
                              "then one of 8000, 12000, 16000, 24000, 48000)")
     system_prompt: str | None = Field(None, max_length=MAX_TEXT_CHARS, description="replaces the system prompt")
     language: str | None = Field(None, min_length=2, max_length=8, description="ISO code; null: detect")
+    voice: str | None = Field(
+        None, min_length=1, max_length=200,
+        description="the voice that speaks every reply (a name from GET /v1/voices); null: each reply's turn "
+                    "language picks the server's voice for it")
     vad: bool = Field(True, description="server VAD finds turns; false: a turn ends at input.end")
     end_of_turn: Literal["silence", "smart-turn"] | None = Field(
         None, description="how VAD turns end: after a silence, or when the end-of-turn model says the turn is "
@@ -170,6 +174,8 @@ class SessionStarted(_ServerEvent):
                                "model, or only at input.end (vad false)")
     eagerness: Eagerness | None = Field(
         None, description="smart-turn's eagerness in force; null for the other rules")
+    voice: str | None = Field(
+        None, description="the voice this session chose (session.start voice); null: each reply's language picks")
 
 
 class SpeechStarted(_ServerEvent):
@@ -247,6 +253,8 @@ class ResponseStarted(_ServerEvent):
     type: Literal["response.started"] = "response.started"
     response_id: int
     user_text: str
+    voice: str | None = Field(
+        None, description="the voice that speaks the reply (null: the server does not say: a remote or Coqui TTS)")
 
 
 class ResponseTextDelta(_ServerEvent):
@@ -271,6 +279,7 @@ class ResponseDone(_ServerEvent):
     output_tokens: int
     audio_s: float
     timings_ms: dict[str, float]
+    voice: str | None = Field(None, description="the voice that spoke the reply, as in response.started")
 
 
 class ToolCallEvent(_ServerEvent):

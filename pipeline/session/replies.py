@@ -111,6 +111,8 @@ class Replies:
         self.times = times
         self.turn_state, self._spawn, self.id = turn_state, spawn, session_id
         self.output_rate = 24000  # reply audio rate (Hz), set by session.start
+        self.voice: str | None = None  # the voice session.start chose (None: each turn's language picks)
+        self.language: str | None = None  # session.start's language: a turn's when it has none
         self.current: Reply | None = None
         self._next_rid = 0
         self._tail: Reply | None = None  # the latest current reply that completed (see playing_tail)
@@ -151,10 +153,13 @@ class Replies:
                                times=self.times, governor=self.governor, session_id=self.id, tools=self.tools))
 
     def run(self, reply: Reply, user_text: str, *, turn_id: int, t_end: float, asr_ms: float,
-            hooks: TurnHooks | None = None) -> None:
-        """Start ``reply``'s task, answering turn ``turn_id``, telling ``hooks`` when its
-        LLM request was submitted, its first audio went out and it ended."""
+            hooks: TurnHooks | None = None, language: str | None = None) -> None:
+        """Start ``reply``'s task, answering turn ``turn_id`` (spoken in ``language``, an ISO
+        code; None: the session's), telling ``hooks`` when its LLM request was submitted, its
+        first audio went out and it ended. The reply's voice is the session's own, else the
+        one for the turn's language (:meth:`~pipeline.tts.catalogue.VoiceCatalogue.choose`)."""
         reply.turn_id = turn_id
+        reply.responder.voice = self.engines.voices.choose(self.voice, language or self.language)
         reply.responder.hooks = hooks = hooks or TurnHooks()
         reply.task = self._spawn(self._run(reply, user_text, t_end, asr_ms))
         if hooks.on_end is not None:  # also when the task is cancelled before it ever ran
@@ -162,13 +167,13 @@ class Replies:
             reply.task.add_done_callback(lambda _task: on_end())
 
     async def begin(self, user_text: str, *, turn_id: int, t_end: float, asr_ms: float,
-                    hooks: TurnHooks | None = None) -> None:
-        """Cancel the current reply and answer ``user_text`` (turn ``turn_id``) with a new
-        current one."""
+                    hooks: TurnHooks | None = None, language: str | None = None) -> None:
+        """Cancel the current reply and answer ``user_text`` (turn ``turn_id``, in
+        ``language``: see :meth:`run`) with a new current one."""
         await self.cancel()
         reply = self.new()
         self.turn_state.reply_started()
-        self.run(reply, user_text, turn_id=turn_id, t_end=t_end, asr_ms=asr_ms, hooks=hooks)
+        self.run(reply, user_text, turn_id=turn_id, t_end=t_end, asr_ms=asr_ms, hooks=hooks, language=language)
         self.current = reply
 
     async def promote(self, reply: Reply) -> None:

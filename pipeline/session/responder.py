@@ -33,6 +33,7 @@ from pipeline.session.types import Outbox, TurnHooks
 from pipeline.stages import LlmStage, TextStream
 from pipeline.tools.render import demo_exchange
 from pipeline.tts.chunker import SentenceChunker, speakable
+from pipeline.tts.types import Phrase, VoiceInfo
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +85,7 @@ class Responder:
         self.started = False  # response.started was sent: the reply must end with done or cancelled
         self.hooks = TurnHooks()  # admission's callbacks for this reply's turn
         self.spoken: list[str] = []
+        self.voice: VoiceInfo | None = None  # who speaks it (set before it runs; None: the stage's default)
         self._spans: list[tuple[str, float, float]] = []  # each spoken phrase: where in the reply's audio (s)
         self.timings: dict[str, float] = {}
         self.audio_s = 0.0
@@ -192,7 +194,7 @@ class Responder:
             self.tool_turn = ToolTurn(llm=llm, request=request, tools=self.tools, cfg=self.cfg.tools, rid=self.rid,
                                       out=self.out, released=self._released, on_stream=self._next_stream)
         self.started = True
-        await self.out.send(ev.ResponseStarted(response_id=self.rid, user_text=user_text))
+        await self.out.send(ev.ResponseStarted(response_id=self.rid, user_text=user_text, voice=self._voice_name))
         speaker = asyncio.create_task(self._speak(t0, t_end))
         try:
             text, fallback = await self._generate(stream)
@@ -223,7 +225,11 @@ class Responder:
                                             text_only=self.text_only,
                                             finish_reason=_finish_reason(st.finish_reason),
                                             output_tokens=output_tokens, audio_s=round(self.audio_s, 3),
-                                            timings_ms=timings))
+                                            timings_ms=timings, voice=self._voice_name))
+
+    @property
+    def _voice_name(self) -> str | None:
+        return self.voice.name if self.voice is not None else None
 
     def _policy(self) -> TurnPolicy:
         """The governor's say on this reply, or normal service."""
@@ -295,7 +301,7 @@ class Responder:
             try:
                 # a reply's first phrase is what its user waits for; later ones have the
                 # audio already playing as slack: the TTS stage serves first phrases first
-                speech = await self.engines.tts.run(phrase, priority=1 if self.spoken else 0)
+                speech = await self.engines.tts.run(Phrase(phrase, self._voice_name), priority=1 if self.spoken else 0)
             except Busy as exc:
                 if exc.reason != "breaker":
                     await self._tts_error(exc)

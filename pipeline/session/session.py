@@ -122,10 +122,13 @@ class Session:
         """Handle ``session.start``: (re)declare formats and tools, and reset the audio
         state. With ``req.vad`` False every sample is speech: turns end at ``input.end``.
         Tools that cannot be offered (:meth:`SessionTools.declare`) get a ``bad_event`` error
-        and change nothing."""
+        and change nothing; so does an unknown ``voice`` (the error lists the server's
+        voices)."""
         sample_rate, channels, output_sample_rate = req.sample_rate, req.channels, req.output_sample_rate
         system_prompt, language, vad = req.system_prompt, req.language, req.vad
         try:
+            if req.voice is not None:
+                self.engines.voices.get(req.voice)
             self.tools.declare(req.tools)
         except ValueError as exc:  # the session stays as it was
             await self.error("bad_event", f"session.start: {exc}")
@@ -140,6 +143,7 @@ class Session:
         await self.runner.restart(audio_ms=int(old_pos * 1000 / RATE))  # speech in progress ends unanswered
         self.output_rate = self.replies.output_rate = output_sample_rate
         self.language = await self._asr_language(language)
+        self.replies.voice, self.replies.language = req.voice, self.language
         if system_prompt:
             self.history.system_prompt = system_prompt
         self.started = True
@@ -148,7 +152,8 @@ class Session:
             input=ev.AudioFormat(sample_rate=sample_rate, format=req.format, channels=channels),
             output=ev.AudioFormat(sample_rate=output_sample_rate, format=req.output_format, channels=1),
             end_of_turn="input_end" if not vad else "smart-turn" if eot is not None else "silence",
-            eagerness=cast(ev.Eagerness, req.eagerness or self.cfg.turn.eagerness) if eot is not None else None))
+            eagerness=cast(ev.Eagerness, req.eagerness or self.cfg.turn.eagerness) if eot is not None else None,
+            voice=req.voice))
         logger.info("session %s: audio in %s at %d Hz, out %s at %d Hz", self.id, req.format, sample_rate,
                     req.output_format, output_sample_rate)
         await self.status.started()
@@ -202,6 +207,18 @@ class Session:
         self.ids.close()  # later speech starts a new turn
         if end is None and not self.turn_state.busy:  # a turn of its own, with no speech
             await self.out.send(ev.TurnEmpty(turn_id=self.ids.new(), reason="no_speech"))
+
+    def choose_voice(self, name: str | None) -> None:
+        """Speak the next replies with the voice called ``name`` (None: each reply's turn
+        language picks; the Realtime ``session.update`` ``voice``).
+
+        Raises:
+            UnknownVoice: the server has no such voice (the message lists those it has);
+                nothing changes.
+        """
+        if name is not None:
+            self.engines.voices.get(name)
+        self.replies.voice = name
 
     async def text_input(self, text: str) -> None:
         """Handle ``text.input``: a typed user turn (refused with ``busy`` when admission

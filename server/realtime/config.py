@@ -42,7 +42,9 @@ def read_update(session: dict[str, Any], current: Settings) -> Settings:
             are not a list of at most :data:`~pipeline.session.events.MAX_CLIENT_TOOLS`
             function tools (``{type: "function", name, description, parameters}``; param:
             the first field at fault), a ``tool_choice`` other than ``auto`` / ``none`` /
-            ``required`` / ``{type: "function", name}`` naming one of the tools.
+            ``required`` / ``{type: "function", name}`` naming one of the tools, a ``voice``
+            (beta ``session.voice``, GA ``session.audio.output.voice``) that is not a string
+            (whether the server has that voice is checked by the session).
     """
     new = replace(current)
     kind = session.get("type")
@@ -67,12 +69,24 @@ def read_update(session: dict[str, Any], current: Settings) -> Settings:
     for where, holder in (("session.turn_detection", session), ("session.audio.input.turn_detection", inp)):
         if isinstance(holder, dict) and "turn_detection" in holder:
             new.server_vad, new.end_of_turn, new.eagerness = _vad(where, holder["turn_detection"])
+    for where, holder in (("session.voice", session), ("session.audio.output.voice", outp)):
+        if isinstance(holder, dict) and "voice" in holder:
+            new.voice = _voice(where, holder["voice"])
     if "tools" in session:
         new.tools = _tools(session["tools"])
     if "tool_choice" in session:
         new.tool_choice = session["tool_choice"] if session["tool_choice"] is not None else "auto"
     session_choice(new)  # checks it (against the tools now in force)
     return new
+
+
+def _voice(where: str, voice: Any) -> str | None:
+    """``voice`` as a name (null or ``""``: none, each reply's language picks)."""
+    if voice is None or voice == "":
+        return None
+    if not isinstance(voice, str) or len(voice) > 200:
+        raise RealtimeError("invalid_value", "voice must be a voice's name (GET /v1/voices lists them)", param=where)
+    return voice
 
 
 def _tools(tools: Any) -> tuple[ClientTool, ...]:
@@ -164,10 +178,10 @@ def session_object(settings: Settings, cfg: VoxpipeConfig, session_id: str, prom
     common = {"id": f"sess_{session_id}", "object": "realtime.session", "model": MODEL, "instructions": prompt}
     if settings.dialect == "beta":
         return {**common, "modalities": ["audio", "text"], "input_audio_format": "pcm16",
-                "output_audio_format": "pcm16", "turn_detection": td,
+                "output_audio_format": "pcm16", "turn_detection": td, "voice": settings.voice,
                 "input_audio_transcription": {"model": "whisper"}, **tools}
     pcm = {"type": "audio/pcm", "rate": REALTIME_RATE}
     return {"type": "realtime", **common, "output_modalities": ["audio"],
             "audio": {"input": {"format": pcm, "turn_detection": td, "transcription": {"model": "whisper"}},
-                      "output": {"format": pcm}},
+                      "output": {"format": pcm, "voice": settings.voice}},
             **tools}

@@ -142,6 +142,8 @@ class Settings:
         tools: the client's function tools (declared to the session as client tools).
         tool_choice: as the client wrote it (reported back): ``auto``, ``none``,
             ``required`` or ``{"type": "function", "name": ...}``.
+        voice: the voice that speaks the replies (a name from ``GET /v1/voices``; None:
+            each reply's language picks the server's voice).
     """
 
     instructions: str | None = None
@@ -151,6 +153,7 @@ class Settings:
     dialect: Dialect = "ga"
     tools: tuple[ClientTool, ...] = ()
     tool_choice: str | dict[str, Any] = "auto"
+    voice: str | None = None
 
 
 def new_id(prefix: str) -> str:

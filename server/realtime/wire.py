@@ -177,8 +177,15 @@ class RealtimeWire:
                 self.session.tools.declare(new.tools)
             except ValueError as exc:
                 raise RealtimeError("invalid_value", str(exc), param="session.tools") from None
+        if new.voice != self.settings.voice:
+            param = "session.voice" if "voice" in e.session else "session.audio.output.voice"
+            try:
+                self.session.choose_voice(new.voice)
+            except ValueError as exc:  # UnknownVoice: the message lists the server's voices
+                raise RealtimeError("invalid_value", str(exc), param=param) from None
         self.session.tools.choice = session_choice(new)
         self.settings.tools, self.settings.tool_choice = new.tools, new.tool_choice
+        self.settings.voice = new.voice
         if not self._dialect_fixed:
             new.dialect = dialect_of(e.session) or self.settings.dialect
             self._dialect_fixed = dialect_of(e.session) is not None
@@ -273,4 +280,5 @@ class RealtimeWire:
         return SessionStart(type="session.start", sample_rate=REALTIME_RATE, format="pcm16", channels=1,
                             output_sample_rate=REALTIME_RATE, output_format="pcm16", system_prompt=None, language=None,
                             vad=self.settings.server_vad, end_of_turn=self.settings.end_of_turn,
-                            eagerness=self.settings.eagerness, tools=list(self.settings.tools))
+                            eagerness=self.settings.eagerness, tools=list(self.settings.tools),
+                            voice=self.settings.voice)

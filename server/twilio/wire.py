@@ -120,7 +120,8 @@ class TwilioWire:
         await self.session.start(SessionStart(
             type="session.start", sample_rate=MULAW_RATE, format="pcm16", channels=1,
             output_sample_rate=MULAW_RATE, output_format="pcm16", system_prompt=params.get("system_prompt") or None,
-            language=params.get("language") or None, vad=True, end_of_turn=None, eagerness=None, tools=[]))
+            language=params.get("language") or None, vad=True, end_of_turn=None, eagerness=None, tools=[],
+            voice=None))
         logger.info("twilio stream %s started (call %s)", info.streamSid, info.callSid or "?")
         return None
 
