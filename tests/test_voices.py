@@ -108,6 +108,22 @@ def test_a_non_english_voice_makes_multilingual_whisper_the_default():
     assert multilingual_asr(english, asr_model_given=False).asr.model == AsrConfig().model
 
 
+@needs_espeak
+def test_serve_flags_repeat_voice_and_an_explicit_asr_model_wins():
+    from cli.main import build_parser
+    from cli.serve import serve_config
+
+    def serve(*argv: str) -> VoxpipeConfig:
+        return serve_config(build_parser().parse_args(["serve", *argv]))
+
+    cfg = serve("--voice", "en=joe", "--voice", "de=espeak:de")
+    assert cfg.tts.voices == VOICES and cfg.tts.voice == "joe" and cfg.asr.model == "base"
+    assert serve("--voice", "de=espeak:de", "--asr-model", "tiny.en").asr.model == "tiny.en"
+    assert serve().tts.voices == () and serve().asr.model == AsrConfig().model
+    with pytest.raises(ValueError, match="LANG must be"):
+        serve("--voice", "german=espeak:de")
+
+
 # ---- the TTS stage with real voices ------------------------------------------------------------
 
 
