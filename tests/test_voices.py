@@ -32,6 +32,8 @@ from pipeline.tts.loader import load_voices
 from pipeline.tts.types import Phrase, VoiceInfo, VoiceSpec
 from pipeline.tts.voices import EspeakSynth
 from tests.conftest import running_server
+from tests.fake_server import fake_server
+from tests.fakes import FakeAsr, FakeTts, fake_engines
 from tests.wsclient import CONTROL_DEADLINE_S, MODEL_DEADLINE_S, Client
 
 GERMAN = "de_fleurs_001.wav"
@@ -288,3 +290,56 @@ def test_espeak_is_installed_by_the_ci_setup():
     assert "espeak-ng" in setup
     if shutil.which("espeak-ng"):
         assert subprocess.run(["espeak-ng", "--version"], capture_output=True, check=False).returncode == 0
+
+
+# ---- the orchestration over fakes: which voice each reply's phrases name -----------------------
+
+
+class _MultilingualAsr(FakeAsr):
+    multilingual = True
+    languages = ["en", "de"]
+
+
+def _engines(tts: FakeTts):
+    from pipeline.tts.catalogue import VoiceCatalogue
+
+    engines = fake_engines(asr=_MultilingualAsr(), tts=tts)
+    engines.voices = VoiceCatalogue([VoiceInfo("joe", "en", "piper", 22050),
+                                     VoiceInfo("espeak-de", "de", "espeak", 22050)])
+    return engines
+
+
+async def test_the_session_language_and_voice_name_the_voice_of_every_phrase():
+    tts = FakeTts()
+    async with fake_server(engines=_engines(tts)) as srv, Client(f"ws://127.0.0.1:{srv.port}/ws") as c:
+        await c.start(language="de")  # no voice: the session's language picks espeak-de
+        await c.send_json({"type": "text.input", "text": "Hallo"})
+        first = await c.wait_for("response.done", CONTROL_DEADLINE_S)
+        await c.start(voice="joe", language="de")  # the session's voice wins over its language
+        await c.send_json({"type": "text.input", "text": "Hallo"})
+        second = await c.wait_for(lambda e: e["type"] == "response.done" and e is not first, CONTROL_DEADLINE_S)
+    assert first["voice"] == "espeak-de" and second["voice"] == "joe"
+    assert set(tts.voices) == {"espeak-de", "joe"}
+
+
+async def test_realtime_beta_voice_is_checked_and_reported():
+    tts = FakeTts()
+    async with fake_server(engines=_engines(tts)) as srv:
+        api = AsyncOpenAI(api_key="any", base_url=f"http://127.0.0.1:{srv.port}/v1",
+                          websocket_base_url=f"ws://127.0.0.1:{srv.port}/v1")
+        async with api.beta.realtime.connect(model="voxpipe") as conn:
+            await conn.session.update(session={"voice": "alloy"})
+            async with asyncio.timeout(CONTROL_DEADLINE_S):
+                err = await anext(e async for e in conn if e.type == "error")
+            assert err.error.code == "invalid_value" and err.error.param == "session.voice"
+            assert "available: joe (en), espeak-de (de)" in err.error.message
+            await conn.session.update(session={"voice": "espeak-de"})
+            async with asyncio.timeout(CONTROL_DEADLINE_S):
+                updated = await anext(e async for e in conn if e.type == "session.updated")
+            assert updated.session.voice == "espeak-de"
+            await conn.conversation.item.create(item={"type": "message", "role": "user",
+                                                      "content": [{"type": "input_text", "text": "Hi"}]})
+            await conn.response.create()
+            async with asyncio.timeout(CONTROL_DEADLINE_S):
+                await anext(e async for e in conn if e.type == "response.done")
+    assert tts.voices and set(tts.voices) == {"espeak-de"}
