@@ -227,6 +227,16 @@ async def test_a_german_question_gets_the_german_voice_while_an_english_session_
 
 
 @pytest.mark.slow
+async def test_a_language_switch_mid_conversation_switches_the_voice(voices_server, audio_dir):
+    async with Client(voices_server["url"]) as c:
+        await c.start(sample_rate=RATE, output_sample_rate=OUT_RATE, vad=False)
+        dones = [await c.turn(pcm16(clip16k(audio_dir, name))) for name in (GERMAN, ENGLISH)]
+    finals = c.conv.of("transcript.final")
+    assert [f["language"] for f in finals] == ["de", "en"], finals
+    assert [d.get("voice") for d in dones] == ["espeak-de", "joe"], dones
+
+
+@pytest.mark.slow
 async def test_a_session_chooses_its_voice_and_an_unknown_one_is_a_clear_error(voices_server):
     async with Client(voices_server["url"]) as c:
         await c.send_json({"type": "session.start", "voice": "alloy"})
