@@ -18,6 +18,20 @@ ROOT = Path(__file__).resolve().parent.parent
 AUDIO_DIR = Path(os.environ.get("VOXPIPE_TEST_AUDIO", ROOT / "tests" / "data" / "audio"))
 
 
+DEFAULT_LLM_FILES = frozenset({"test_bench_quality.py", "test_default_llm.py", "test_parrot.py"})
+"""Files that load the default 1.5B LLM in fp32 (about 6 GB each): one worker runs them, one
+after another, so two of them never hold that memory at once."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (``-n 2 --dist loadgroup``, pyproject's addopts) each test file runs
+    whole on one worker — its module fixtures (a server, a Ray instance, a model) are set up
+    once — and the files that load the default LLM share one worker (:data:`DEFAULT_LLM_FILES`)."""
+    for item in items:
+        name = item.path.name
+        item.add_marker(pytest.mark.xdist_group("default-llm" if name in DEFAULT_LLM_FILES else name))
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """Tests marked ``native`` (they run voxpipe's C kernels) skip, with the reason, where the
     kernels are not available: ``VOXPIPE_NATIVE=0`` (CI's PyTorch-only run), the CPU, no compiler."""
