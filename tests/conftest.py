@@ -62,12 +62,22 @@ def manifest(audio_dir) -> dict[str, dict]:
         return {row["file"]: row for row in csv.DictReader(fh, delimiter="\t")}
 
 
+LENIENT = ("--slo-ms", "60000", *(a for s in ("asr", "llm", "tts") for a in ("--breaker-slow-ms", f"{s}=60000")))
+"""Flags that keep a test server's admission and slow-call breakers out of the way on a loaded
+machine (two test workers on two cores, or a CI box busy with something else): a 60 s latency
+SLO and 60 s slow-call thresholds. A test's own flags come after them and win."""
+
+
 @contextmanager
-def running_server(log: Path, *args: str, ready_s: float = 600, port: int | None = None):
+def running_server(log: Path, *args: str, ready_s: float = 600, port: int | None = None, lenient: bool = True):
     """Run ``voxpipe serve --llm smollm2 ARGS`` on ``port`` (None: a free one) until the
     block ends; yields ``(port, proc)`` once ``/healthz`` answers (the test fails with the
-    log's tail if it exits or is not ready within ``ready_s``)."""
+    log's tail if it exits or is not ready within ``ready_s``).
+
+    ``lenient`` puts :data:`LENIENT` before ``ARGS``; tests of admission, breakers or the
+    degradation ladder pass ``lenient=False`` to get the server's own defaults."""
     port = port or free_port()
+    args = (*LENIENT, *args) if lenient else args
     env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", GOMP_SPINCOUNT="10000")
     with open(log, "w") as fh:
         proc = subprocess.Popen(
@@ -110,9 +120,9 @@ def stop_process(proc: subprocess.Popen, wait_s: float = 60) -> None:
 def server(tmp_path_factory):
     """``voxpipe serve --llm smollm2`` on a free port: its URLs, process and log.
 
-    Its latency SLO is lenient (60 s): these tests check everything but admission, on
-    machines that may be loaded; admission on the real server with the default SLO is
-    tests/test_admission_server.py's."""
+    Its latency SLO and breakers are lenient (:data:`LENIENT`): these tests check everything
+    but admission, on machines that may be loaded; admission on the real server with the
+    default SLO is tests/test_admission_server.py's."""
     log = tmp_path_factory.mktemp("server") / "serve.log"
-    with running_server(log, "--slo-ms", "60000") as (port, proc):
+    with running_server(log) as (port, proc):
         yield {"url": f"ws://127.0.0.1:{port}/ws", "http": f"http://127.0.0.1:{port}", "proc": proc, "log": log}
