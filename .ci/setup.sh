@@ -45,3 +45,4 @@ python -c "from pipeline.llm.loader import llm_folder; print('voxpipe: default L
 python -c "from pipeline.llm.loader import llm_folder; print('voxpipe: fallback LLM in', llm_folder('qwen'))"
 # voxpipe's C kernels are compiled now (where the CPU has AVX-512 VNNI) rather than at the first serve.
 python -c "from pipeline.llm.runner import native as n; print('voxpipe: C kernels', 'built' if n.available() else 'not used: ' + n.status().reason)"
+echo "voxpipe: setup finished in ${SECONDS} s"

@@ -77,7 +77,7 @@ TEXT_DROPPED = Counter("voxpipe_client_text_dropped_frames_total",
                        "text frames dropped: their client was too far over its budget", registry=REGISTRY)
 SESSIONS_CLOSED = Counter("voxpipe_sessions_closed_total",
                           "sessions ended, by reason (client, session_end, idle, keepalive, slow_client, internal, "
-                          "not_ready, denied; over WebRTC also rtc_failed and server)",
+                          "not_ready, denied, server; over WebRTC also rtc_failed)",
                           ["reason"], registry=REGISTRY)
 HTTP_API_REQUESTS = Counter("voxpipe_http_api_requests_total",
                             "OpenAI-compatible HTTP API requests (/v1/...), by endpoint and HTTP status",

@@ -249,9 +249,11 @@ class VoxpipeServer:
             logger.info("session %s idle for %.0f s: closing", sid, s.idle_timeout_s)
             await session.error("idle_timeout", f"no frame from the client for {s.idle_timeout_s:g} s; "
                                 "session closed", fatal=True)
-        except ConnectionClosed:
+        except ConnectionClosed as exc:
             if timed_out is not None and timed_out.is_set():
                 reason = "keepalive"
+            elif exc.sent is not None and exc.rcvd_then_sent is not True:
+                reason = "server"  # this side closed first: the server is shutting down
         except SlowClient:
             reason = "slow_client"
         except Exception:
