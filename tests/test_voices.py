@@ -176,7 +176,7 @@ def voices_server(tmp_path_factory):
         pytest.skip("espeak-ng is not installed (.ci/setup.sh installs it)")
     log = tmp_path_factory.mktemp("voices") / "serve.log"
     args = [a for v in VOICES for a in ("--voice", v)]
-    with running_server(log, *args, "--slo-ms", "60000") as (port, _):
+    with running_server(log, *args) as (port, _):
         yield {"url": f"ws://127.0.0.1:{port}/ws", "port": port, "log": log}
 
 
