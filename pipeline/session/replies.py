@@ -151,24 +151,25 @@ class Replies:
                                times=self.times, governor=self.governor, session_id=self.id, tools=self.tools))
 
     def run(self, reply: Reply, user_text: str, *, turn_id: int, t_end: float, asr_ms: float,
-            hooks: TurnHooks | None = None) -> None:
-        """Start ``reply``'s task, answering turn ``turn_id``, telling ``hooks`` when its
-        LLM request was submitted, its first audio went out and it ended."""
+            hooks: TurnHooks | None = None, language: str | None = None) -> None:
+        """Start ``reply``'s task, answering turn ``turn_id`` (spoken in ``language``, an ISO
+        code; None: unknown), telling ``hooks`` when its LLM request was submitted, its first
+        audio went out and it ended."""
         reply.turn_id = turn_id
         reply.responder.hooks = hooks = hooks or TurnHooks()
-        reply.task = self._spawn(self._run(reply, user_text, t_end, asr_ms))
+        reply.task = self._spawn(self._run(reply, user_text, t_end, asr_ms, language))
         if hooks.on_end is not None:  # also when the task is cancelled before it ever ran
             on_end = hooks.on_end
             reply.task.add_done_callback(lambda _task: on_end())
 
     async def begin(self, user_text: str, *, turn_id: int, t_end: float, asr_ms: float,
-                    hooks: TurnHooks | None = None) -> None:
-        """Cancel the current reply and answer ``user_text`` (turn ``turn_id``) with a new
-        current one."""
+                    hooks: TurnHooks | None = None, language: str | None = None) -> None:
+        """Cancel the current reply and answer ``user_text`` (turn ``turn_id``, in
+        ``language``) with a new current one."""
         await self.cancel()
         reply = self.new()
         self.turn_state.reply_started()
-        self.run(reply, user_text, turn_id=turn_id, t_end=t_end, asr_ms=asr_ms, hooks=hooks)
+        self.run(reply, user_text, turn_id=turn_id, t_end=t_end, asr_ms=asr_ms, hooks=hooks, language=language)
         self.current = reply
 
     async def promote(self, reply: Reply) -> None:
@@ -221,9 +222,9 @@ class Replies:
         if reply is not None:
             reply.cancel()
 
-    async def _run(self, reply: Reply, user_text: str, t_end: float, asr_ms: float) -> None:
+    async def _run(self, reply: Reply, user_text: str, t_end: float, asr_ms: float, language: str | None) -> None:
         try:
-            await reply.responder.run(user_text, t_end=t_end, asr_ms=asr_ms)
+            await reply.responder.run(user_text, t_end=t_end, asr_ms=asr_ms, language=language)
             reply.completed = True
             for ack in reply.acks:  # the user's acknowledgements of it, after it
                 self.history.add_turn(ack, "")

@@ -77,7 +77,7 @@ class TurnWork:
         turn admission admitted, when it is not ``turn`` itself)."""
         if await self.final_transcript(turn, result):
             await self.replies.begin(result.text, turn_id=self.ids.of(turn), t_end=t_end, asr_ms=turn.last_decode_ms,
-                                     hooks=self.gate.hooks(turn if key is None else key))
+                                     hooks=self.gate.hooks(turn if key is None else key), language=result.language)
 
     async def final_transcript(self, turn: AsrTurn, result: Partial) -> bool:
         """Report the turn's final transcript; False (and ``turn.empty``) if it has no words,
@@ -138,10 +138,11 @@ class TurnWork:
             logger.debug("session %s: no speculation", self.id, exc_info=True)
             return
         text = spec.peek[0].text if spec.peek is not None else ""
-        if text:
+        if text and spec.peek is not None:
             spec.resp = self.replies.new(out=spec.outbox, release=spec.outbox.released)
             self.replies.run(spec.resp, text, turn_id=self.ids.of(spec.turn), t_end=spec.t_end,
-                             asr_ms=spec.turn.last_decode_ms, hooks=self.gate.hooks(spec.turn))
+                             asr_ms=spec.turn.last_decode_ms, hooks=self.gate.hooks(spec.turn),
+                             language=spec.peek[0].language)
 
     async def confirm(self, spec: Speculation) -> None:
         """The turn ended where the speculation decoded it: make its transcript final
