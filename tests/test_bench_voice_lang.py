@@ -93,7 +93,7 @@ def test_a_tiny_run_prints_the_table():
     language is not asserted here; tests/test_reply_language_models.py does that with the
     default LLM)."""
     out = subprocess.run([sys.executable, "-m", "cli", "bench", "voice", "--lang", "de", "--max-clips", "1",
-                          "--serve-args", "--slo-ms 60000"],
+                          "--serve-args", "--slo-ms 600000 --breaker-slow-ms llm=600000"],
                          cwd=ROOT, capture_output=True, text=True, timeout=850)
     assert out.returncode == 0, out.stderr[-2000:]
     rows = _rows(out.stdout)
