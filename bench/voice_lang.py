@@ -5,10 +5,11 @@ another) plays each language's clips of the test audio folder (``manifest.tsv``'
 ``language`` column; the "hard" clips left out), one ``voxpipe ask`` per clip at real-time
 pace, one after another, and prints a row per language:
 
-- **WER** of the final transcript against the manifest's reference, over all the language's
-  turns (jiwer; both sides through Whisper's normalisers from transformers: the English one
+- **WER** of the final transcript against the manifest's reference, over the language's
+  turns that got one (``heard``; a turn refused before its final has none) (jiwer; both
+  sides through Whisper's normalisers from transformers: the English one
   for ``en``, the basic one, diacritics kept, otherwise);
-- **detected**: the turns whose ``transcript.final.language`` was the clip's (%);
+- **detected**: the heard turns whose ``transcript.final.language`` was the clip's (%);
 - **reply in language**: the answered turns whose reply :func:`bench.language_judge.judge`
   says is in the clip's language, among the languages benchmarked and English (%);
 - **v2v p50**: the client's voice-to-voice, end of speech → first reply audio (ms).
@@ -43,6 +44,8 @@ class LangTurn:
     reply_language: str | None = None  # the judge's verdict on the reply; None: no reply or no evidence
     voice_to_voice: float | None = None  # end of speech → first reply audio at the client
     outcome: str = "error"  # "answered" | "busy" | "empty" | "error"
+    busy: str | None = None  # the ``busy`` reason, if the turn was refused
+    heard: bool = False  # a transcript.final came
 
 
 def language_clips(audio_dir: Path, languages: list[str]) -> dict[str, list[dict[str, str]]]:
@@ -88,12 +91,13 @@ async def lang_turn(url: str, path: Path, row: dict[str, str], candidates: tuple
     finals = [e for e in res.events if e.get("type") == "transcript.final"]
     if finals:
         turn.transcript, turn.detected = finals[-1].get("text", ""), finals[-1].get("language")
+        turn.heard = True
     if any(e.get("type") == "response.done" for e in res.events):
         turn.outcome, turn.reply = "answered", res.reply_text
         turn.reply_language = judge(res.reply_text, candidates).language
         turn.voice_to_voice = res.timings_ms.get("voice_to_voice")
     elif res.busy is not None:
-        turn.outcome = "busy"
+        turn.outcome, turn.busy = "busy", res.busy.get("reason")
     elif res.empty_reason is not None:
         turn.outcome = "empty"
     return turn
@@ -120,9 +124,10 @@ class LangRow:
 
     language: str
     turns: int
+    heard: int  # turns with a final transcript
     answered: int
-    wer: float | None  # corpus WER of the finals (None: no turn)
-    detected: float | None  # fraction of the turns whose detected language was the clip's, 0..1
+    wer: float | None  # corpus WER of the heard turns' finals (None: none heard)
+    detected: float | None  # fraction of the heard turns whose detected language was the clip's, 0..1
     reply_correct: float | None  # fraction of the answered turns whose reply is in it, 0..1
     v2v_p50: float | None  # ms; None: nothing answered
 
@@ -133,12 +138,13 @@ def summary(turns: list[LangTurn], languages: list[str]) -> list[LangRow]:
     table: list[LangRow] = []
     for lang in languages:
         mine = [t for t in turns if t.language == lang]
+        heard = [t for t in mine if t.heard]
         answered = [t for t in mine if t.outcome == "answered"]
         v2v = [t.voice_to_voice for t in answered if t.voice_to_voice is not None]
         table.append(LangRow(
-            lang, len(mine), len(answered),
-            wer(lang, [t.reference for t in mine], [t.transcript for t in mine]) if mine else None,
-            sum(t.detected == lang for t in mine) / len(mine) if mine else None,
+            lang, len(mine), len(heard), len(answered),
+            wer(lang, [t.reference for t in heard], [t.transcript for t in heard]) if heard else None,
+            sum(t.detected == lang for t in heard) / len(heard) if heard else None,
             sum(t.reply_language == lang for t in answered) / len(answered) if answered else None,
             statistics.median(v2v) if v2v else None))
     return table
@@ -150,13 +156,13 @@ def _cell(x: float | None, fmt: str) -> str:
 
 def format_table(table: list[LangRow]) -> str:
     """The rows of :func:`summary` as a Markdown table (a dash where nothing was measured)."""
-    lines = ["| language | turns | answered | WER | detected | reply in language | v2v p50 ms |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| language | turns | heard | answered | WER | detected | reply in language | v2v p50 ms |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in table:
         pct = [_cell(None if x is None else 100 * x, ".0f") for x in (r.detected, r.reply_correct)]
         pct = [p if p == "–" else f"{p} %" for p in pct]
-        lines.append(f"| {r.language} | {r.turns} | {r.answered} | {_cell(r.wer, '.3f')} | {pct[0]} | {pct[1]} | "
-                     f"{_cell(r.v2v_p50, '.0f')} |")
+        lines.append(f"| {r.language} | {r.turns} | {r.heard} | {r.answered} | {_cell(r.wer, '.3f')} | "
+                     f"{pct[0]} | {pct[1]} | {_cell(r.v2v_p50, '.0f')} |")
     return "\n".join(lines)
 
 
@@ -184,10 +190,12 @@ def lang_main(args: argparse.Namespace) -> int:
     finally:
         stop_server(proc)
     print(f"LLM={args.llm}, ASR={' '.join(serve_args(args.serve_args.split()))}; per language: WER of the final "
-          "transcript, turns whose detected language was the clip's, answered turns whose reply is in it "
+          "transcript and turns whose detected language was the clip's (of the heard turns: a final came), answered "
+          "turns whose reply is in it "
           "(py3langid), client voice-to-voice p50")
     print(format_table(summary(turns, args.lang)))
     for t in turns:
-        print(f"  {t.language} {t.clip}: {t.outcome}, heard [{t.detected}] {t.transcript!r} -> "
+        why = f" ({t.busy})" if t.busy else ""
+        print(f"  {t.language} {t.clip}: {t.outcome}{why}, heard [{t.detected}] {t.transcript!r} -> "
               f"[{t.reply_language}] {t.reply!r}")
     return 0

@@ -42,21 +42,25 @@ def test_wer_normalises_case_punctuation_and_keeps_umlauts():
 def test_the_table_has_a_row_per_language_with_wer_detection_reply_language_and_v2v():
     turns = [
         LangTurn("en", "a.wav", "go forward ten meters", "Go forward ten meters.", "en", "Okay, going.", "en",
-                 900.0, "answered"),
-        LangTurn("en", "b.wav", "hello there", "Hello there.", "en", "Hi!", None, 1100.0, "answered"),
+                 900.0, "answered", heard=True),
+        LangTurn("en", "b.wav", "hello there", "Hello there.", "en", "Hi!", None, 1100.0, "answered", heard=True),
         LangTurn("de", "c.wav", "wie spät ist es", "Wie spät ist es?", "de", "Es ist drei Uhr.", "de", 1500.0,
-                 "answered"),
-        LangTurn("de", "c.wav", "wie spät ist es", "", None, "", None, None, "busy"),
+                 "answered", heard=True),
+        LangTurn("de", "d.wav", "wie spät ist es", "Wie spät?", "en", "", None, None, "busy", busy="slo",
+                 heard=True),
+        LangTurn("de", "e.wav", "guten tag", "", None, "", None, None, "busy", busy="breaker"),  # no final came
     ]
     table = summary(turns, ["en", "de"])
-    assert table[0] == LangRow("en", 2, 2, wer=0.0, detected=1.0, reply_correct=0.5, v2v_p50=1000.0)
-    assert table[1].wer == pytest.approx(0.5) and table[1].detected == 0.5
+    assert table[0] == LangRow("en", 2, 2, 2, wer=0.0, detected=1.0, reply_correct=0.5, v2v_p50=1000.0)
+    assert (table[1].turns, table[1].heard, table[1].answered) == (3, 2, 1)
+    assert table[1].wer == pytest.approx(2 / 8) and table[1].detected == 0.5  # the unheard turn counts in neither
     assert table[1].reply_correct == 1.0 and table[1].v2v_p50 == 1500.0
     text = format_table(table)
-    assert text.splitlines()[0] == "| language | turns | answered | WER | detected | reply in language | v2v p50 ms |"
-    assert _rows(text) == [["en", "2", "2", "0.000", "100 %", "50 %", "1000"],
-                           ["de", "2", "1", "0.500", "50 %", "100 %", "1500"]]
-    assert _rows(format_table(summary([], ["fr"]))) == [["fr", "0", "0", "–", "–", "–", "–"]]
+    assert text.splitlines()[0] == ("| language | turns | heard | answered | WER | detected | reply in language | "
+                                    "v2v p50 ms |")
+    assert _rows(text) == [["en", "2", "2", "2", "0.000", "100 %", "50 %", "1000"],
+                           ["de", "3", "2", "1", "0.250", "50 %", "100 %", "1500"]]
+    assert _rows(format_table(summary([], ["fr"]))) == [["fr", "0", "0", "0", "–", "–", "–", "–"]]
 
 
 def test_the_server_gets_the_multilingual_asr_unless_told_otherwise():
@@ -73,7 +77,7 @@ def test_cli_flags_and_main_prints_the_table(monkeypatch, capsys):
     async def fake_run_turns(url, audio_dir, clips, repeat=1):  # the orchestration; no server
         seen["clips"] = {lang: [r["file"] for r in rows] for lang, rows in clips.items()}
         return [LangTurn("de", "de_fleurs_001.wav", "er griff", "Er griff.", "de", "Ja.", "de", 1234.0,
-                         "answered")]
+                         "answered", heard=True)]
 
     monkeypatch.setattr(vl, "start_server", lambda llm, port, extra, log=None: seen.setdefault("extra", extra))
     monkeypatch.setattr(vl, "stop_server", lambda proc: None)
@@ -82,7 +86,7 @@ def test_cli_flags_and_main_prints_the_table(monkeypatch, capsys):
     assert seen["extra"] == ["--asr-model", "base"]
     assert seen["clips"] == {"en": ["en_jfk_inaugural_1961.wav"], "de": ["de_fleurs_001.wav"]}
     out = capsys.readouterr().out
-    assert "| de | 1 | 1 | 0.000 | 100 % | 100 % | 1234 |" in out and "| en | 0 | 0 |" in out
+    assert "| de | 1 | 1 | 1 | 0.000 | 100 % | 100 % | 1234 |" in out and "| en | 0 | 0 | 0 |" in out
     assert vl.lang_main(Namespace(**{**vars(args), "lang": ["xx"]})) == 2
 
 
@@ -97,6 +101,6 @@ def test_a_tiny_run_prints_the_table():
                          cwd=ROOT, capture_output=True, text=True, timeout=850)
     assert out.returncode == 0, out.stderr[-2000:]
     rows = _rows(out.stdout)
-    assert rows[0][:3] == ["de", "1", "1"], out.stdout
-    assert float(rows[0][3]) < 0.5 and rows[0][4] == "100 %", out.stdout  # heard as German, mostly right
-    assert rows[0][6].isdigit(), out.stdout
+    assert rows[0][:4] == ["de", "1", "1", "1"], out.stdout
+    assert float(rows[0][4]) < 0.5 and rows[0][5] == "100 %", out.stdout  # heard as German, mostly right
+    assert rows[0][7].isdigit(), out.stdout
