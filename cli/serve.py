@@ -154,7 +154,6 @@ async def _serve_async(cfg, ray_opts: dict | None = None) -> int:
     host, port = cfg.server.host, cfg.server.port
     if ":" in host and not host.startswith("["):  # an IPv6 address goes in brackets in a URL
         host = f"[{host}]"
-    log.info("voxpipe ready: ws://%s:%d/ws  web demo: http://%s:%d/", host, port, host, port)
     print(f"voxpipe ready on ws://{host}:{port}/ws (web demo http://{host}:{port}/)", flush=True)
     if cfg.server.token:
         print("clients need the token: the web demo as http://HOST:PORT/?token=TOKEN, ask/mic with --token or "

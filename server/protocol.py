@@ -58,8 +58,15 @@ def parse_client_event(text: str) -> ClientEvent:
     try:
         return _ADAPTER.validate_python(raw)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'][1:])) or 'event'}: {e['msg']}" for e in exc.errors())
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'][1:])) or 'event'}: {_message(e)}" for e in exc.errors())
         raise ProtocolError("bad_event", f"invalid {kind}: {problems}") from None
+
+
+def _message(error) -> str:
+    """A validation error's message as the client reads it: a validator's own sentence without
+    pydantic's "Value error, " prefix."""
+    msg = str(error["msg"])
+    return msg.removeprefix("Value error, ") if error.get("type") == "value_error" else msg
 
 
 def encode_event(event: ServerEvent) -> str:

@@ -27,7 +27,7 @@ def counters(http: str) -> dict[tuple[str, str], float]:
 
 @pytest.mark.timeout(1800)
 async def test_a_burst_of_turns_is_answered_or_refused_at_once_and_the_counts_agree(tmp_path):
-    with running_server(tmp_path / "serve.log") as (port, _):
+    with running_server(tmp_path / "serve.log", lenient=False) as (port, _):
         url, http = f"ws://127.0.0.1:{port}/ws", f"http://127.0.0.1:{port}"
         before = await asyncio.to_thread(counters, http)
         clients = [Client(url) for _ in range(BURST)]

@@ -153,7 +153,8 @@ async def test_three_ooms_move_new_turns_to_the_fallback_model_never_mid_reply(t
 @pytest.mark.timeout(900)
 async def test_a_slow_tts_opens_its_breaker_replies_go_text_only_and_it_closes_after(tmp_path):
     log = tmp_path / "serve.log"
-    with running_server(log, "--slo-ms", "60000", "--breaker-open-s", "3", "--fault", "tts:slow:2000@1x4") as (port, _):
+    with running_server(log, "--slo-ms", "60000", "--breaker-open-s", "3", "--fault", "tts:slow:2000@1x4",
+                        lenient=False) as (port, _):
         url, http = f"ws://127.0.0.1:{port}/ws", f"http://127.0.0.1:{port}"
         async with Client(url) as c:
             await c.start(sample_rate=16000)
@@ -219,7 +220,8 @@ async def test_failing_asr_opens_its_breaker_spoken_turns_get_busy_and_typed_tur
 async def test_llm_slowness_over_the_slo_adapts_in_order_and_undoes_itself(tmp_path):
     log = tmp_path / "serve.log"
     with running_server(log, "--slo-ms", "2000", "--max-new-tokens", "16", "--fallback-llm", "smollm2",
-                        "--preload-fallback", "--adapt-down-s", "3", "--fault", "llm:slow:400@1x*") as (port, proc):
+                        "--preload-fallback", "--adapt-down-s", "3", "--fault", "llm:slow:400@1x*",
+                        lenient=False) as (port, proc):
         url, http = f"ws://127.0.0.1:{port}/ws", f"http://127.0.0.1:{port}"
         async with Client(url) as c:
             await c.start(sample_rate=16000)

@@ -52,3 +52,11 @@ def test_a_frame_that_is_not_an_object_is_named_in_json_terms(frame, kind):
     with pytest.raises(RealtimeError) as rt:
         parse_event(frame)
     assert str(rt.value).endswith(f"got {kind}"), rt.value
+
+
+def test_a_validators_message_reaches_the_client_without_pydantics_prefix():
+    with pytest.raises(ProtocolError) as err:
+        parse_client_event(json.dumps({"type": "text.input", "text": "   "}))
+    assert err.value.code == "bad_event"
+    assert str(err.value).endswith("text: text is blank (only whitespace)"), str(err.value)
+    assert "Value error" not in str(err.value)

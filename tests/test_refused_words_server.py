@@ -50,7 +50,8 @@ async def _queue_a_request(url: str, clients: list[Client]) -> None:
 async def test_a_refused_spoken_turn_still_gets_its_transcript_final(tmp_path, audio_dir, manifest):
     x, sr = read_mono(audio_dir / JFK)
     speech = resample(x, sr, 16000)
-    with running_server(tmp_path / "serve.log", "--slo-ms", "100", "--fault", "llm:slow:30000@1x1") as (port, _):
+    with running_server(tmp_path / "serve.log", "--slo-ms", "100", "--fault", "llm:slow:30000@1x1",
+                        lenient=False) as (port, _):
         url = f"ws://127.0.0.1:{port}/ws"
         others: list[Client] = []
         try:
