@@ -47,6 +47,10 @@ if TYPE_CHECKING:
 
 
 def main(args: argparse.Namespace) -> int:
+    if getattr(args, "lang", None):
+        from bench.voice_lang import lang_main
+
+        return lang_main(args)
     audio_dir = Path(args.audio_dir)
     clips = english_clips(audio_dir)
     if args.jfk_only:

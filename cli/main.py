@@ -162,6 +162,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the audio's way: pcm (PCM16) or opus on the WebSocket, webrtc (POST /webrtc/offer, the "
                          "webrtc extra); several take turns clip round by clip round, one row each, with bytes per "
                          "second and the Opus codec's CPU")
+    bv.add_argument("--lang", nargs="+", default=None, metavar="CODE",
+                    help="per spoken language (e.g. en de): the clips of --audio-dir in each through one server "
+                         "with the multilingual ASR; a row each: WER of the final, detected language, reply in "
+                         "the language (%%), voice-to-voice p50")
+    bv.add_argument("--max-clips", type=int, default=None, metavar="N", help="--lang: each language's first N clips")
     bv.add_argument("--json", action="store_true")
 
     m = sub.add_parser("mic", help="talk to a server with the local microphone and speaker")

@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parent.parent
 AUDIO_DIR = Path(os.environ.get("VOXPIPE_TEST_AUDIO", ROOT / "tests" / "data" / "audio"))
 
 
-DEFAULT_LLM_FILES = frozenset({"test_bench_quality.py", "test_default_llm.py", "test_parrot.py"})
+DEFAULT_LLM_FILES = frozenset({"test_bench_quality.py", "test_default_llm.py", "test_parrot.py",
+                               "test_reply_language_models.py"})
 """Files that load the default 1.5B LLM in fp32 (about 6 GB each): one worker runs them, one
 after another, so two of them never hold that memory at once."""
 

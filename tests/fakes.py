@@ -129,14 +129,19 @@ class FakeAsr(_Stage):
         error: raised by every decode instead (e.g. ``Busy("asr")``).
         vocab: the words it hears instead of :data:`VOCAB` (word *i* is ``vocab[i % len(vocab)]``),
             e.g. ``("Yeah.",)`` for a backchannel.
+        language: the language it detects (ISO code; may be changed between turns); other
+            than ``"en"``, the fake is multilingual (``languages``: English and it).
     """
 
     multilingual = False
     languages = ["en"]
 
     def __init__(self, *, delay_s: float = 0.0, error: Exception | None = None,
-                 vocab: Sequence[str] | None = None) -> None:
+                 vocab: Sequence[str] | None = None, language: str = "en") -> None:
         self.delay_s, self.error, self.vocab = delay_s, error, vocab
+        self.language = language
+        if language != "en":
+            self.multilingual, self.languages = True, ["en", language]
         self.requests: list[DecodeRequest | AsrRequest] = []
 
     @staticmethod
@@ -156,9 +161,9 @@ class FakeAsr(_Stage):
         if self.vocab:
             words = [self.vocab[i % len(self.vocab)] for i in range(len(words))]
         if isinstance(item, AsrRequest):
-            return Transcript(" ".join(words), "en", len(item.audio) / RATE, 1.0)
+            return Transcript(" ".join(words), self.language, len(item.audio) / RATE, 1.0)
         said = len(item.prefix.split())
-        return DecodeResult(text=" ".join(words[said:]), language="en", decode_ms=1.0)
+        return DecodeResult(text=" ".join(words[said:]), language=self.language, decode_ms=1.0)
 
 
 @dataclass(slots=True)

@@ -94,6 +94,7 @@ class Start:
     system_prompt: str | None = None
     end_of_turn: str | None = None
     eagerness: str | None = None
+    language: str | None = None
 
 
 @dataclass(slots=True)
@@ -180,7 +181,8 @@ class Harness:
             n = len(self.out.events(ev.SessionStarted))
             await s.start(ev.SessionStart.model_validate(
                 {"type": "session.start", "sample_rate": a.sample_rate, "vad": a.vad,
-                 "system_prompt": a.system_prompt, "end_of_turn": a.end_of_turn, "eagerness": a.eagerness}))
+                 "system_prompt": a.system_prompt, "end_of_turn": a.end_of_turn, "eagerness": a.eagerness,
+                 "language": a.language}))
             await self.out.wait(lambda: len(self.out.events(ev.SessionStarted)) > n, "session.started")
         elif isinstance(a, Audio):
             step = int(a.frame_ms * RATE / 1000)

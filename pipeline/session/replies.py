@@ -157,11 +157,14 @@ class Replies:
         """Start ``reply``'s task, answering turn ``turn_id`` (spoken in ``language``, an ISO
         code; None: the session's), telling ``hooks`` when its LLM request was submitted, its
         first audio went out and it ended. The reply's voice is the session's own, else the
-        one for the turn's language (:meth:`~pipeline.tts.catalogue.VoiceCatalogue.choose`)."""
+        one for the turn's language (:meth:`~pipeline.tts.catalogue.VoiceCatalogue.choose`);
+        the LLM is asked to answer in that language
+        (:func:`~pipeline.session.language.with_instruction`)."""
         reply.turn_id = turn_id
-        reply.responder.voice = self.engines.voices.choose(self.voice, language or self.language)
+        language = language or self.language
+        reply.responder.voice = self.engines.voices.choose(self.voice, language)
         reply.responder.hooks = hooks = hooks or TurnHooks()
-        reply.task = self._spawn(self._run(reply, user_text, t_end, asr_ms))
+        reply.task = self._spawn(self._run(reply, user_text, t_end, asr_ms, language))
         if hooks.on_end is not None:  # also when the task is cancelled before it ever ran
             on_end = hooks.on_end
             reply.task.add_done_callback(lambda _task: on_end())
@@ -226,9 +229,9 @@ class Replies:
         if reply is not None:
             reply.cancel()
 
-    async def _run(self, reply: Reply, user_text: str, t_end: float, asr_ms: float) -> None:
+    async def _run(self, reply: Reply, user_text: str, t_end: float, asr_ms: float, language: str | None) -> None:
         try:
-            await reply.responder.run(user_text, t_end=t_end, asr_ms=asr_ms)
+            await reply.responder.run(user_text, t_end=t_end, asr_ms=asr_ms, language=language)
             reply.completed = True
             for ack in reply.acks:  # the user's acknowledgements of it, after it
                 self.history.add_turn(ack, "")

@@ -27,6 +27,7 @@ from pipeline.serving.governor import Governor
 from pipeline.serving.types import TurnPolicy
 from pipeline.session import events as ev
 from pipeline.session.history import ChatHistory
+from pipeline.session.language import with_instruction
 from pipeline.session.tool_turn import ToolTurn
 from pipeline.session.tools import SessionTools
 from pipeline.session.types import Outbox, TurnHooks
@@ -167,18 +168,22 @@ class Responder:
         return (st is not None and not self._aborted and st.finish_reason is None
                 and st.ttft_ms == 0 and st.output_tokens == 0)
 
-    async def run(self, user_text: str, *, t_end: float, asr_ms: float) -> None:
-        """Generate, speak, and record the exchange; on cancel, record what was spoken."""
+    async def run(self, user_text: str, *, t_end: float, asr_ms: float, language: str | None = None) -> None:
+        """Generate, speak, and record the exchange; on cancel, record what was spoken.
+
+        ``language``: the turn's (ISO code; None: unknown). Other than English, the user message
+        asks for the reply in it (:func:`~pipeline.session.language.with_instruction`), and
+        the history keeps the message as sent."""
         policy = self._policy()
         llm = self._llm(policy)
         t0 = time.perf_counter()
         specs = self.tools.specs if self.tools is not None and policy.stock_line is None else ()
         count = functools.partial(llm.count_tokens, tools=specs) if specs else llm.count_tokens
         demo = demo_exchange(specs)
-        messages = await asyncio.to_thread(self.history.prompt, user_text, count,
+        messages = await asyncio.to_thread(self.history.prompt, with_instruction(user_text, language), count,
                                            policy.context_tokens - policy.max_new_tokens,
                                            demos=(demo,) if demo is not None else ())
-        asked = messages[-1]["content"]  # the user text as it fit the context budget
+        asked = messages[-1]["content"]  # the user message as it fit the context budget (and as sent)
         choice = self.tools.choice if specs and self.tools is not None else "auto"
         request = GenRequest(messages=messages, max_new_tokens=policy.max_new_tokens, session=self.session_id,
                              priority=PRIORITY_VOICE, tools=specs, tool_choice=choice)

@@ -236,7 +236,7 @@ class Session:
             return
         self.runner.drop_speculation()
         await self.replies.begin(text, turn_id=turn_id, t_end=time.perf_counter(), asr_ms=0.0,
-                                 hooks=self.gate.hooks(key))
+                                 hooks=self.gate.hooks(key), language=self.language)
 
     async def tool_result(self, call_id: str, output: str) -> None:
         """Handle ``tool.result``: the client's answer to a call it runs; one no call waits

@@ -138,11 +138,11 @@ class TurnWork:
             logger.debug("session %s: no speculation", self.id, exc_info=True)
             return
         text = spec.peek[0].text if spec.peek is not None else ""
-        if text:
+        if text and spec.peek is not None:
             spec.resp = self.replies.new(out=spec.outbox, release=spec.outbox.released)
             self.replies.run(spec.resp, text, turn_id=self.ids.of(spec.turn), t_end=spec.t_end,
                              asr_ms=spec.turn.last_decode_ms, hooks=self.gate.hooks(spec.turn),
-                             language=spec.peek[0].language if spec.peek is not None else None)
+                             language=spec.peek[0].language)
 
     async def confirm(self, spec: Speculation) -> None:
         """The turn ended where the speculation decoded it: make its transcript final
