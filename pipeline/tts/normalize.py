@@ -75,10 +75,10 @@ _SCALES = {"k": "thousand", "bn": "billion", "M": "million"}
 
 _ABBREV = re.compile("|".join(re.escape(a) + (r"(?=\s*\d)" if a == "No." else "")
                               for a in sorted(ABBREVIATIONS, key=len, reverse=True)))
-_TEMP = re.compile(rf"(-?)({_MEASURE})\s?°(?:\s?([CF])(?![A-Za-z]))?(?=([A-Za-z])?)")
+_TEMP = re.compile(rf"(?<![\d,])(-?)({_MEASURE})\s?°(?:\s?([CF])(?![A-Za-z]))?(?=([A-Za-z])?)")
 _MONEY = re.compile(rf"(-?)([$€£¥])\s?({_MEASURE}){_SCALE}")
 _MONEY_AFTER = re.compile(rf"(?<![\w.,])(-?)({_MEASURE})\s?([$€£¥])")
-_PERCENT = re.compile(rf"(-?)({_MEASURE})\s?%")
+_PERCENT = re.compile(rf"(?<![\d,])(-?)({_MEASURE})\s?%")
 _UNIT = re.compile(rf"(?<![\w.])(-?)({_MEASURE})\s?("
                    + "|".join(re.escape(u) for u in sorted(UNITS, key=len, reverse=True)) + r")(?![\w/])")
 _TIME = re.compile(r"\b([01]?\d|2[0-3]):([0-5]\d)(?:\s?([ap])\.?m\.?)?(?![\w:])", re.IGNORECASE)
