@@ -271,8 +271,8 @@ class TtsConfig:
 
     backend: str = flag("piper", name="--tts", metavar="piper|piper:VOICE|coqui:PATH")
     """``piper`` (the ``--voice`` voices), ``piper:VOICE`` (one voice: joe or a Piper .onnx), or
-    ``coqui:PATH`` (a Coqui TTS model folder: config.json + checkpoint; VITS, one speaker; needs
-    the coqui extra).
+    ``coqui:PATH`` (a Coqui TTS model folder: config.json + checkpoint; VITS, its speakers and
+    languages the voices; needs the coqui extra).
 
     :mod:`pipeline.tts.coqui` runs Coqui. A value with a colon is split into ``backend`` and
     ``voices`` at start-up (:func:`pipeline.tts.choice.resolve_tts`)."""
@@ -282,7 +282,8 @@ class TtsConfig:
 
     Each voice is loaded once and shared by every session; a reply is spoken by the voice of
     its turn's language unless the session chose one (:mod:`pipeline.tts.catalogue`). Coqui:
-    the model folder (``config.json`` + a checkpoint)."""
+    the model folder (``config.json`` + a checkpoint); its speakers are the voices
+    (:func:`pipeline.tts.coqui.model_voices`)."""
     threads: int = 1
     """Onnxruntime intra-op threads (Piper), torch threads in the TTS worker (Coqui)."""
     workers: int = 1

@@ -254,10 +254,10 @@ def loaded_weights(cfg: VoxpipeConfig, engines: Engines) -> dict[str, int]:
     if isinstance(engines.asr, AsrEngine) and engines.asr.model.model.device == "cpu":
         out["weights_asr"] = memory_parts.file_bytes([whisper_path(cfg.asr.model) / "model.bin"])
     tts_model = getattr(engines.tts, "model", None)  # a Coqui engine's torch module
-    if isinstance(engines.tts, TtsEngine):
-        out["weights_tts"] = memory_parts.file_bytes(piper_files(cfg.tts))
-    elif cfg.tts.backend == "coqui" and tts_model is not None:
+    if cfg.tts.backend == "coqui" and tts_model is not None:  # one model, however many speakers
         out["weights_tts"] = memory_parts.tensor_bytes(tts_model)
+    elif isinstance(engines.tts, TtsEngine):
+        out["weights_tts"] = memory_parts.file_bytes(piper_files(cfg.tts))
     if isinstance(engines.eot, EotEngine):
         out["weights_eot"] = memory_parts.file_bytes([engines.eot.model.info.path])
     return out

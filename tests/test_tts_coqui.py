@@ -56,6 +56,10 @@ def _empty(d):
     return d / "empty"
 
 
+def _vits(args: dict, **config) -> dict:
+    return {"model": "vits", "model_args": args, **config}
+
+
 BAD_FOLDERS = {
     "missing": (lambda d: d / "missing", "not found"),
     "no config": (_empty, "no config.json"),
@@ -63,13 +67,30 @@ BAD_FOLDERS = {
     "xtts": (lambda d: _write_config(d / "xtts", {"model": "xtts"}), "'xtts' is not supported; supported: vits"),
     "tacotron2": (lambda d: _write_config(d / "t2", {"model": "tacotron2"}), "'tacotron2' is not supported"),
     "yourtts": (lambda d: _write_config(d / "yourtts", {"model": "vits", "model_args": {
-        "use_d_vector_file": True, "use_language_embedding": True}}), "multi-speaker or multilingual vits"),
+        "use_d_vector_file": True, "use_language_embedding": True}}), "vits with d-vectors or a speaker encoder"),
+    "speakers, no names": (lambda d: _write_config(d / "sp", _vits({"use_speaker_embedding": True,
+                                                                     "num_speakers": 4})),
+                           "use_speaker_embedding is set but the config names no speakers"),
+    "speakers file missing": (lambda d: _write_config(d / "spf", _vits({"use_speaker_embedding": True,
+                                                                        "speakers_file": "/train/speakers.json"})),
+                              "speakers_file '/train/speakers.json': not a readable JSON file"),
+    "speakers file not ids": (lambda d: _named(_write_config(d / "spn", _vits({
+        "use_speaker_embedding": True, "speakers_file": "speakers.json"})), "speakers.json", ["a", "b"]),
+        "expected a JSON object {name: id} of speakers"),
+    "languages file missing": (lambda d: _write_config(d / "lf", _vits({"use_language_embedding": True,
+                                                                        "language_ids_file": "langs.json"})),
+                               "language_ids_file 'langs.json': not a readable JSON file"),
     "phonemes, no phonemizer": (lambda d: _write_config(d / "ph", {"model": "vits", "use_phonemes": True}),
                                 "no phonemizer is configured"),
     "no checkpoint": (lambda d: _write_config(d / "nockpt", {"model": "vits"}, checkpoint=None), "has no checkpoint"),
     "truncated checkpoint": (lambda d: _truncated(_write_config(d / "cut", {"model": "vits"})),
                              "truncated or corrupt PyTorch checkpoint"),  # was a torch traceback at load, exit 1
 }
+
+
+def _named(folder, name: str, ids):
+    (folder / name).write_text(json.dumps(ids))
+    return folder
 
 
 def _truncated(folder):
@@ -187,10 +208,11 @@ def clip16k(audio_dir, name) -> np.ndarray:
     return resample(x, sr, 16000)
 
 
-def expected_samples(vits_dir, deltas: list[str]) -> int:
+def expected_samples(vits_dir, deltas: list[str], voice: str | None = None) -> int:
     """Samples the reply's phrases make at OUT_RATE: the deltas re-chunked as the server
-    chunks them, each phrase synthesized by the same model (the random VITS's lengths
-    depend on the text only) and resampled like the session does."""
+    chunks them, each phrase synthesized by the same model with ``voice`` (None: the default;
+    the random VITS's lengths depend on the text and speaker only) and resampled like the
+    session does."""
     from pipeline.tts.coqui import load_coqui_engine
 
     engine = load_coqui_engine(TtsConfig(backend="coqui", voices=(str(vits_dir),)))
@@ -199,7 +221,7 @@ def expected_samples(vits_dir, deltas: list[str]) -> int:
     total = 0
     for phrase in phrases:
         if speakable(phrase):
-            speech = engine.synthesize(phrase)
+            speech = engine.synthesize(phrase, voice)
             total += len(resample(speech.audio, speech.sample_rate, OUT_RATE)) if len(speech.audio) else 0
     return total
 
@@ -244,3 +266,143 @@ async def test_barge_in_cancels_a_coqui_reply(coqui_server, audio_dir):
         await c.wait_for(lambda e: e["type"] == "response.done" and e["response_id"] == nxt["response_id"])
         assert c.conv.audio_after_event(rid, end) == 0, "audio of the cancelled reply after response.cancelled"
         assert len(c.conv.reply_audio(nxt["response_id"])) > 0
+
+
+# --- multi-speaker and multilingual models: each speaker (in each language) is a voice ---
+
+SPEAKERS = ["alice", "bob"]
+SAME_TEXT = "Hello there, how are you today?"
+
+
+def test_a_folder_names_its_speakers_and_languages_without_loading(tmp_path):
+    """Names in id order from a ``{name: id}`` file — relative to the folder, or a trainer's
+    path elsewhere found by its file name, as Coqui's model manager does — or from the
+    config's own lists; one speaker or one language is no choice."""
+    rel = _named(_write_config(tmp_path / "rel", _vits({"use_speaker_embedding": True,
+                                                        "speakers_file": "speakers.json"})),
+                 "speakers.json", {"bob": 1, "alice": 0, "carol": 2})
+    assert check_model_folder(rel).speakers == ("alice", "bob", "carol") and check_model_folder(rel).languages == ()
+    moved = _named(_named(_write_config(tmp_path / "moved", _vits({
+        "use_speaker_embedding": True, "speakers_file": "/home/trainer/run/speaker_ids.json",
+        "use_language_embedding": True, "language_ids_file": "/home/trainer/run/language_ids.json"})),
+        "speaker_ids.json", {"p225": 0, "p226": 1}), "language_ids.json", {"en": 0, "fr-fr": 1, "pt-br": 2})
+    found = check_model_folder(moved)
+    assert found.speakers == ("p225", "p226") and found.languages == ("en", "fr-fr", "pt-br")
+    listed = _write_config(tmp_path / "listed", _vits({"use_speaker_embedding": True}, speakers=["x", "y"]))
+    assert check_model_folder(listed).speakers == ("x", "y")
+    one = _named(_write_config(tmp_path / "one", _vits({"use_speaker_embedding": True,
+                                                        "speakers_file": "speakers.json"})), "speakers.json", {"x": 0})
+    assert check_model_folder(one).speakers == ()
+    cfg = tts_config(f"coqui:{moved}")
+    assert cfg.voices == (str(moved),)
+    from pipeline.tts.choice import voice_languages
+
+    assert voice_languages(cfg) == ["en", "fr", "pt"]  # a multilingual model makes ASR multilingual
+    assert voice_languages(tts_config(f"coqui:{rel}")) == ["en"]
+
+
+def seeded(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` after ``torch.manual_seed(0)``: VITS samples its latent with
+    noise, so two calls compare sample for sample only from the same seed (in this thread)."""
+    import torch
+
+    torch.manual_seed(0)
+    return fn(*args, **kwargs)
+
+
+@pytest.fixture(scope="session")
+def speakers_dir(tmp_path_factory):
+    """A random tiny multi-speaker VITS (alice, bob: speakers.json + use_speaker_embedding)."""
+    from bench.make_random_vits import write_random_vits
+
+    return write_random_vits(tmp_path_factory.mktemp("multi") / "duo", speakers=SPEAKERS)
+
+
+@pytest.mark.slow  # builds and loads a random multi-speaker VITS
+def test_each_speaker_is_a_voice_and_the_choice_reaches_the_model(speakers_dir):
+    from pipeline.tts.catalogue import UnknownVoice
+    from pipeline.tts.coqui import load_coqui_engine
+
+    engine = load_coqui_engine(tts_config(f"coqui:{speakers_dir}"))
+    assert engine.catalogue.as_json() == {"object": "list", "default": "duo/alice", "data": [
+        {"name": "duo/alice", "language": "en", "backend": "coqui", "sample_rate": 22050},
+        {"name": "duo/bob", "language": "en", "backend": "coqui", "sample_rate": 22050}]}
+    alice, bob = (seeded(engine.synthesize, SAME_TEXT, f"duo/{s}") for s in SPEAKERS)
+    assert (alice.voice, bob.voice) == ("duo/alice", "duo/bob")
+    assert engine.synthesize(SAME_TEXT).voice == "duo/alice"  # the first speaker is the default
+    for speech in (alice, bob):
+        assert speech.audio.dtype == np.float32 and speech.audio.ndim == 1 and len(speech.audio) > 22050 // 2
+    # the same noise, another speaker: other samples (and another length: durations are per speaker)
+    n = min(len(alice.audio), len(bob.audio))
+    assert len(alice.audio) != len(bob.audio) and np.abs(alice.audio[:n] - bob.audio[:n]).max() > 0.01
+    # sample for sample what the model says for that speaker name, given the same noise
+    direct = seeded(engine.model.synthesize, SAME_TEXT, speaker="bob")["wav"]
+    np.testing.assert_array_equal(bob.audio, np.clip(np.asarray(direct, np.float32).reshape(-1), -1, 1))
+    np.testing.assert_array_equal(seeded(engine.synthesize, SAME_TEXT, "duo/bob").audio, bob.audio)
+    with pytest.raises(UnknownVoice) as err:
+        engine.synthesize(SAME_TEXT, "duo/carol")
+    assert str(err.value) == "unknown voice 'duo/carol'; available: duo/alice (en), duo/bob (en)"
+
+
+@pytest.mark.slow  # builds and loads a random multi-speaker, multilingual VITS
+def test_a_multilingual_model_gives_a_voice_per_speaker_and_language(tmp_path):
+    from bench.make_random_vits import write_random_vits
+    from pipeline.tts.coqui import load_coqui_engine
+
+    folder = write_random_vits(tmp_path / "poly", speakers=SPEAKERS, languages=["en", "de-de"])
+    engine = load_coqui_engine(tts_config(f"coqui:{folder}"))
+    assert engine.catalogue.names() == ("poly/alice/en (en), poly/alice/de-de (de), "
+                                        "poly/bob/en (en), poly/bob/de-de (de)")
+    german = engine.catalogue.for_language("de")  # a German turn picks the first German voice
+    assert german is not None and german.name == "poly/alice/de-de"
+    assert engine.catalogue.choose("poly/bob/en", "de").name == "poly/bob/en"  # a chosen voice stays
+    from pipeline.tts.normalize import verbalize
+
+    words = speakable(verbalize("Es kostet 3 Euro.", "de"))
+    assert "drei" in words, words  # normalised in the voice's language
+    en, de = (seeded(engine.synthesize, "Es kostet 3 Euro.", v).audio for v in ("poly/alice/en", "poly/alice/de-de"))
+    direct = seeded(engine.model.synthesize, words, speaker="alice", language="de-de")["wav"]
+    np.testing.assert_array_equal(de, np.clip(np.asarray(direct, np.float32).reshape(-1), -1, 1))  # German words
+    n = min(len(en), len(de))
+    assert len(en) != len(de) or np.abs(en[:n] - de[:n]).max() > 0.01
+
+
+@pytest.fixture(scope="module")
+def speakers_server(speakers_dir, tmp_path_factory):
+    log = tmp_path_factory.mktemp("coqui-speakers") / "serve.log"
+    with running_server(log, "--tts", f"coqui:{speakers_dir}", "--slo-ms", "60000") as (port, proc):
+        yield {"url": f"ws://127.0.0.1:{port}/ws", "port": port, "log": log}
+
+
+@pytest.mark.slow
+def test_get_v1_voices_lists_the_coqui_speakers(speakers_server):
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{speakers_server['port']}/v1/voices", timeout=10) as r:
+        body = json.load(r)
+    assert body["default"] == "duo/alice" and [(v["name"], v["backend"]) for v in body["data"]] == [
+        ("duo/alice", "coqui"), ("duo/bob", "coqui")]
+
+
+@pytest.mark.slow
+async def test_a_session_picks_a_coqui_speaker_and_the_model_speaks_with_it(speakers_server, speakers_dir):
+    from tests.wsclient import CONTROL_DEADLINE_S, MODEL_DEADLINE_S
+
+    async with Client(speakers_server["url"]) as c:
+        await c.send_json({"type": "session.start", "voice": "duo/carol"})
+        err = await c.wait_for("error", CONTROL_DEADLINE_S)
+        assert err["code"] == "bad_event" and not err["fatal"]
+        assert "unknown voice 'duo/carol'; available: duo/alice (en), duo/bob (en)" in err["message"]
+        started = await c.start(output_sample_rate=OUT_RATE, voice="duo/bob")
+        assert started["voice"] == "duo/bob"
+        await c.send_json({"type": "text.input", "text": "Say hello."})
+        done = await c.wait_for("response.done", MODEL_DEADLINE_S)
+    rid = done["response_id"]
+    assert c.conv.of("response.started")[-1]["voice"] == done["voice"] == "duo/bob"
+    audio = c.conv.reply_audio(rid)
+    deltas = [e["delta"] for e in c.conv.of("response.text.delta") if e["response_id"] == rid]
+    bob = await asyncio.to_thread(expected_samples, speakers_dir, deltas, "duo/bob")
+    alice = await asyncio.to_thread(expected_samples, speakers_dir, deltas, "duo/alice")
+    # bob's phrases, sample for sample (at the session's rate); alice's differ in length
+    assert bob > OUT_RATE // 2 and abs(len(audio) - bob) <= 4, (len(audio), bob, alice)
+    assert abs(alice - bob) > 4, (alice, bob)

@@ -8,7 +8,7 @@ import logging
 import shutil
 
 from pipeline.config import AsrConfig, TtsConfig, VoxpipeConfig
-from pipeline.tts.catalogue import parse_voices
+from pipeline.tts.catalogue import language_code, parse_voices
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +44,8 @@ def resolve_tts(cfg: TtsConfig) -> TtsConfig:
         if not arg:
             raise ValueError("--tts coqui needs the model folder: --tts coqui:/path/to/model")
         if voices:
-            raise ValueError("--voice chooses a Piper voice; with --tts coqui:PATH the folder is the voice")
+            raise ValueError("--voice chooses Piper voices; with --tts coqui:PATH the model's speakers are "
+                             "the voices (GET /v1/voices; a session picks one with its voice field)")
         from pipeline.tts.coqui_folder import check_coqui_installed, check_model_folder
 
         check_coqui_installed()
@@ -54,11 +55,16 @@ def resolve_tts(cfg: TtsConfig) -> TtsConfig:
 
 
 def voice_languages(cfg: TtsConfig) -> list[str]:
-    """The languages of the configured voices (ISO 639-1, default first; Coqui: English).
+    """The languages of the configured voices (ISO 639-1, default first; Coqui: a
+    multilingual model's languages, else English).
 
     Raises:
-        ValueError: a bad ``--voice`` entry.
+        ValueError: a bad ``--voice`` entry or Coqui folder.
     """
+    if cfg.backend == "coqui":
+        from pipeline.tts.coqui_folder import check_model_folder
+
+        return [language_code(lang) for lang in check_model_folder(cfg.voice).languages] or ["en"]
     if cfg.backend != "piper":
         return ["en"]
     return [s.language for s in parse_voices(cfg.voices)]

@@ -13,7 +13,7 @@ import sys
 import types
 from pathlib import Path
 
-from pipeline.tts.coqui_folder import check_model_folder
+from pipeline.tts.coqui_folder import NAME_FILES, check_model_folder, name_file
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +74,9 @@ def _absent(name: str) -> types.ModuleType:
 def load_coqui(path: str | Path):
     """Load the model of a Coqui folder (see :func:`check_model_folder`) on the CPU, in eval mode.
 
+    A speakers or language-ids file the config names is read from the folder when the named
+    path is relative or elsewhere (:func:`~pipeline.tts.coqui_folder.name_file`).
+
     Returns:
         the Coqui model (e.g. ``TTS.tts.models.vits.Vits``) and its output rate (Hz: the config's
         ``audio.output_sample_rate``, else ``audio.sample_rate``, as Coqui's Synthesizer reads it).
@@ -88,6 +91,10 @@ def load_coqui(path: str | Path):
     from TTS.tts.models import setup_model
 
     config = load_config(str(folder.config))
+    for section in (config, config.model_args):
+        for key in NAME_FILES:
+            if isinstance(section.get(key), str) and section.get(key):
+                section[key] = str(name_file(folder.config.parent, section[key]))
     model = setup_model(config=config)
     model.load_checkpoint(config, checkpoint_path=str(folder.checkpoint), eval=True)
     rate = int(config.audio.get("output_sample_rate", config.audio["sample_rate"]))
