@@ -35,6 +35,7 @@ from typing import Protocol
 import numpy as np
 
 from audio.pcm import RATE
+from audio.vad_gate import ABS_GATE_DBFS
 
 MODES = ("auto", "aec", "half-duplex", "off")
 TAIL_S = 0.3
@@ -49,14 +50,23 @@ SILENT_DBFS = -50.0
 APM_FRAME = RATE // 100
 """WebRTC's audio processing works on 10 ms frames."""
 ERLE_FRAMES, MIN_FRAMES = 150, 25
-"""``aec``: the echo reduction is judged over the last 150 microphone frames heard during
-playback (3 s), and not before 25 of them (0.5 s)."""
+"""``aec``: the echo handling is judged over the last 150 microphone frames heard during
+playback (3 s of 20 ms frames) that are louder than :data:`QUIET_DBFS`, and not before 25 of
+them (0.5 s)."""
 ERLE_QUANTILE, CONVERGED_DB = 0.9, 15.0
 """``aec``: the canceller has learned the room (converged) when a tenth of those frames or
-more had their echo reduced by 15 dB or more: a converged WebRTC AEC3 takes 25-70 dB out of
+more had their echo handled: reduced by 15 dB or more, or left under
+:data:`~audio.vad_gate.ABS_GATE_DBFS` (below). A converged WebRTC AEC3 takes 25-70 dB out of
 a speech echo, one still learning a few dB. A high quantile, not the median: while the user
 talks over the reply, frames that hold their voice show little reduction (it is not echo),
 but the gaps between their words still show the canceller at work."""
+QUIET_DBFS = ABS_GATE_DBFS
+"""``aec``: the server's silence level (-70 dBFS RMS, :data:`audio.vad_gate.ABS_GATE_DBFS`:
+its VAD never looks at a quieter window). A microphone frame under it holds no echo worth
+judging (a pause in the reply, or a faint leak's quiet syllables) and is not counted; a
+canceller output under it is echo handled, however few dB came out: with the speaker heard at
+-35 dB, a converged canceller's output is at this level or under it while many of its input
+frames are only 5-20 dB over it, so the 15 dB test alone misjudged them."""
 
 
 class EchoControl(Protocol):
@@ -81,6 +91,11 @@ def _rms(x: np.ndarray) -> float:
     if len(x) == 0:
         return 0.0
     return float(np.sqrt(np.mean(np.square(x.astype(np.float32) / 32768.0))))
+
+
+def _dbfs(x: np.ndarray) -> float:
+    """RMS level of int16 samples (dBFS; -180 for digital silence)."""
+    return 20 * float(np.log10(_rms(x) + 1e-9))
 
 
 class NoEchoControl:
@@ -201,11 +216,13 @@ class GuardedCanceller:
     An adaptive canceller needs a second or two of playback to learn the room, and has to
     learn again when the echo's delay moves (a busy machine's audio underruns): meanwhile
     its output still holds the echo, which the server would hear as the user. So while the
-    reply plays, each frame's echo reduction (microphone RMS over the canceller's output RMS,
-    dB) is measured; while its :data:`ERLE_QUANTILE` quantile over the last :data:`ERLE_FRAMES`
-    frames of playback is under :data:`CONVERGED_DB` (or fewer than :data:`MIN_FRAMES` were measured), the
-    canceller's output also goes through :class:`HalfDuplexGate` (a voice louder than the
-    speaker still passes). Once it is converged, the output passes as it is: full duplex.
+    reply plays, each frame whose microphone RMS is over :data:`QUIET_DBFS` is judged: its echo
+    is handled when its reduction (microphone RMS over the canceller's output RMS) is
+    :data:`CONVERGED_DB` or more, or the output is under :data:`QUIET_DBFS`. While fewer than
+    ``1 - ERLE_QUANTILE`` (a tenth) of the last :data:`ERLE_FRAMES` judged frames were handled
+    (or fewer than :data:`MIN_FRAMES` were judged), the canceller's output also goes through
+    :class:`HalfDuplexGate` (a voice louder than the speaker still passes). Once it is
+    converged, the output passes as it is: full duplex.
 
     Args:
         aec: the canceller.
@@ -217,7 +234,7 @@ class GuardedCanceller:
 
     def __init__(self, aec: WebRtcEchoCanceller, gate: HalfDuplexGate) -> None:
         self.aec, self.gate = aec, gate
-        self._erle: collections.deque[float] = collections.deque(maxlen=ERLE_FRAMES)
+        self._handled: collections.deque[bool] = collections.deque(maxlen=ERLE_FRAMES)
 
     def far(self, block: np.ndarray) -> None:
         self.aec.far(block)
@@ -225,14 +242,17 @@ class GuardedCanceller:
 
     @property
     def converged(self) -> bool:
-        """Whether the canceller's measured echo reduction is high enough to trust it alone."""
-        return len(self._erle) >= MIN_FRAMES and float(np.quantile(self._erle, ERLE_QUANTILE)) >= CONVERGED_DB
+        """Whether the canceller handles enough of the echo to trust it alone."""
+        n = len(self._handled)
+        return n >= MIN_FRAMES and sum(self._handled) >= (1 - ERLE_QUANTILE) * n
 
     def near(self, frame: np.ndarray) -> np.ndarray:
         clean = self.aec.near(frame)
         if self.gate.expected_echo() == 0.0:
             return clean
-        self._erle.append(20 * float(np.log10((_rms(frame) + 1e-9) / (_rms(clean) + 1e-9))))
+        mic_db, out_db = _dbfs(frame), _dbfs(clean)
+        if mic_db >= QUIET_DBFS:
+            self._handled.append(mic_db - out_db >= CONVERGED_DB or out_db < QUIET_DBFS)
         return clean if self.converged else self.gate.near(clean)
 
 
