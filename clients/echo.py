@@ -35,6 +35,7 @@ from typing import Protocol
 import numpy as np
 
 from audio.pcm import RATE
+from audio.vad_gate import ABS_GATE_DBFS
 
 MODES = ("auto", "aec", "half-duplex", "off")
 TAIL_S = 0.3
@@ -49,14 +50,33 @@ SILENT_DBFS = -50.0
 APM_FRAME = RATE // 100
 """WebRTC's audio processing works on 10 ms frames."""
 ERLE_FRAMES, MIN_FRAMES = 150, 25
-"""``aec``: the echo reduction is judged over the last 150 microphone frames heard during
-playback (3 s), and not before 25 of them (0.5 s)."""
+"""``aec``: the echo handling is judged over the last 150 microphone frames heard during
+playback (3 s of 20 ms frames) that are louder than :data:`QUIET_DBFS`, and not before 25 of
+them (0.5 s)."""
 ERLE_QUANTILE, CONVERGED_DB = 0.9, 15.0
 """``aec``: the canceller has learned the room (converged) when a tenth of those frames or
-more had their echo reduced by 15 dB or more: a converged WebRTC AEC3 takes 25-70 dB out of
+more had their echo handled: reduced by 15 dB or more, or left under
+:data:`~audio.vad_gate.ABS_GATE_DBFS` (below). A converged WebRTC AEC3 takes 25-70 dB out of
 a speech echo, one still learning a few dB. A high quantile, not the median: while the user
 talks over the reply, frames that hold their voice show little reduction (it is not echo),
 but the gaps between their words still show the canceller at work."""
+FAINT_DB, COUPLING_QUANTILE = -30.0, 0.9
+"""``aec``: a room whose echo reaches the microphone at ``FAINT_DB`` or less under the playback
+(dB, the :data:`COUPLING_QUANTILE` quantile of the microphone-over-playback level of frames
+that held echo alone) is faint. There AEC3's residual-echo suppressor, which only sees the
+playback 25 dB or more over the microphone, takes a voice talking over the reply for echo:
+measured on JFK's clip 10 dB over a -35 dB echo of a Piper reply, its output kept the level
+within 2-10 dB but Silero VAD called 4 % of its 32 ms windows speech, against 50 % for the
+clip alone, 33 % at -20 dB and 26 % at 0 dB (so the bypass below stays off there). The
+measured coupling runs 4-6 dB under the room's leak (the playback level it is compared with
+is the window's loudest block): -25 dB at -20 dB, -39 dB at -35 dB."""
+QUIET_DBFS = ABS_GATE_DBFS
+"""``aec``: the server's silence level (-70 dBFS RMS, :data:`audio.vad_gate.ABS_GATE_DBFS`:
+its VAD never looks at a quieter window). A microphone frame under it holds no echo worth
+judging (a pause in the reply, or a faint leak's quiet syllables) and is not counted; a
+canceller output under it is echo handled, however few dB came out: with the speaker heard at
+-35 dB, a converged canceller's output is at this level or under it while many of its input
+frames are only 5-20 dB over it, so the 15 dB test alone misjudged them."""
 
 
 class EchoControl(Protocol):
@@ -81,6 +101,11 @@ def _rms(x: np.ndarray) -> float:
     if len(x) == 0:
         return 0.0
     return float(np.sqrt(np.mean(np.square(x.astype(np.float32) / 32768.0))))
+
+
+def _dbfs(x: np.ndarray) -> float:
+    """RMS level of int16 samples (dBFS; -180 for digital silence)."""
+    return 20 * float(np.log10(_rms(x) + 1e-9))
 
 
 class NoEchoControl:
@@ -201,11 +226,18 @@ class GuardedCanceller:
     An adaptive canceller needs a second or two of playback to learn the room, and has to
     learn again when the echo's delay moves (a busy machine's audio underruns): meanwhile
     its output still holds the echo, which the server would hear as the user. So while the
-    reply plays, each frame's echo reduction (microphone RMS over the canceller's output RMS,
-    dB) is measured; while its :data:`ERLE_QUANTILE` quantile over the last :data:`ERLE_FRAMES`
-    frames of playback is under :data:`CONVERGED_DB` (or fewer than :data:`MIN_FRAMES` were measured), the
-    canceller's output also goes through :class:`HalfDuplexGate` (a voice louder than the
-    speaker still passes). Once it is converged, the output passes as it is: full duplex.
+    reply plays, each frame whose microphone RMS is over :data:`QUIET_DBFS` is judged: its echo
+    is handled when its reduction (microphone RMS over the canceller's output RMS) is
+    :data:`CONVERGED_DB` or more, or the output is under :data:`QUIET_DBFS`. While fewer than
+    ``1 - ERLE_QUANTILE`` (a tenth) of the last :data:`ERLE_FRAMES` judged frames were handled
+    (or fewer than :data:`MIN_FRAMES` were judged), the canceller's output also goes through
+    :class:`HalfDuplexGate` (a voice louder than the speaker still passes). Once it is
+    converged, the output passes as it is: full duplex; except in a faint room
+    (:data:`FAINT_DB`), where a frame :data:`BARGE_IN_DB` over the echo the room makes of the
+    playback (the playback's level plus :meth:`coupling_db`) is sent as the microphone heard
+    it, and so is everything for :data:`HOLD_S` after it: the user talking over the reply,
+    which AEC3's suppressor would blur into non-speech, with an echo at least 6 dB under it
+    (the server ignores words that are the reply's: ``pipeline/session/echo_guard.py``).
 
     Args:
         aec: the canceller.
@@ -217,7 +249,11 @@ class GuardedCanceller:
 
     def __init__(self, aec: WebRtcEchoCanceller, gate: HalfDuplexGate) -> None:
         self.aec, self.gate = aec, gate
-        self._erle: collections.deque[float] = collections.deque(maxlen=ERLE_FRAMES)
+        self._handled: collections.deque[bool] = collections.deque(maxlen=ERLE_FRAMES)
+        self._coupling: collections.deque[float] = collections.deque(maxlen=ERLE_FRAMES)
+        self.raw_frames = 0
+        """Frames sent as the microphone heard them (a voice over a faint echo)."""
+        self._raw_left = 0  # samples still sent raw (the hold)
 
     def far(self, block: np.ndarray) -> None:
         self.aec.far(block)
@@ -225,15 +261,41 @@ class GuardedCanceller:
 
     @property
     def converged(self) -> bool:
-        """Whether the canceller's measured echo reduction is high enough to trust it alone."""
-        return len(self._erle) >= MIN_FRAMES and float(np.quantile(self._erle, ERLE_QUANTILE)) >= CONVERGED_DB
+        """Whether the canceller handles enough of the echo to trust it alone."""
+        n = len(self._handled)
+        return n >= MIN_FRAMES and sum(self._handled) >= (1 - ERLE_QUANTILE) * n
 
     def near(self, frame: np.ndarray) -> np.ndarray:
         clean = self.aec.near(frame)
-        if self.gate.expected_echo() == 0.0:
+        echo = self.gate.expected_echo()
+        if echo == 0.0:
             return clean
-        self._erle.append(20 * float(np.log10((_rms(frame) + 1e-9) / (_rms(clean) + 1e-9))))
-        return clean if self.converged else self.gate.near(clean)
+        mic_db, out_db = _dbfs(frame), _dbfs(clean)
+        echo_db = 20 * float(np.log10(echo))
+        if mic_db >= QUIET_DBFS:
+            handled = mic_db - out_db >= CONVERGED_DB or out_db < QUIET_DBFS
+            self._handled.append(handled)
+            if handled:  # the frame was the reply's echo: how loud the room makes it
+                self._coupling.append(mic_db - echo_db)
+        if not self.converged:
+            return self.gate.near(clean)
+        coupling_db = self.coupling_db()
+        if coupling_db is not None and coupling_db <= FAINT_DB and mic_db >= echo_db + coupling_db + BARGE_IN_DB:
+            self._raw_left = round(HOLD_S * RATE)
+        if self._raw_left > 0:
+            self._raw_left -= len(frame)
+            self.raw_frames += 1
+            return frame
+        return clean
+
+    def coupling_db(self) -> float | None:
+        """The room's echo level at the microphone relative to the playback (dB): the
+        :data:`COUPLING_QUANTILE` quantile of the microphone-over-playback level (the
+        loudest playback block of the gate's window) of the last :data:`ERLE_FRAMES` frames
+        the canceller handled (echo alone); None before :data:`MIN_FRAMES` of them."""
+        if len(self._coupling) < MIN_FRAMES:
+            return None
+        return float(np.quantile(self._coupling, COUPLING_QUANTILE))
 
 
 def aec_available() -> bool:

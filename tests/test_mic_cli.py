@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import audio.devices
-from clients.echo import GuardedCanceller, HalfDuplexGate, NoEchoControl, WebRtcEchoCanceller
+from clients.echo import HOLD_S, GuardedCanceller, HalfDuplexGate, NoEchoControl, WebRtcEchoCanceller
 from clients.mic import EXIT_GONE, Console, ReplyView, _session, run_mic
 from clients.mic_console import latency_line
 from clients.mic_wire import OUT_RATE
@@ -328,6 +328,76 @@ def test_webrtc_echo_canceller_removes_a_speech_echo(audio_dir):
 
     assert db(mic[16000 * 2 : 16000 * 5], out[16000 * 2 : 16000 * 5]) > 20  # echo alone
     assert db(near, out[16000 * 5 : 16000 * 7]) < 6  # the near-end voice is kept (less than 6 dB lost)
+
+
+class _Canceller:
+    """A stand-in for the WebRTC canceller that takes a fixed number of dB out of every frame."""
+
+    def __init__(self, reduction_db: float) -> None:
+        self.gain = 10 ** (-reduction_db / 20)
+
+    def far(self, block: np.ndarray) -> None:
+        pass
+
+    def near(self, frame: np.ndarray) -> np.ndarray:
+        return np.round(frame * self.gain).astype(np.int16)
+
+
+def _frame(dbfs: float) -> np.ndarray:
+    """20 ms of a 440 Hz tone at ``dbfs`` RMS (int16)."""
+    return np.round(tone(20, amp=10 ** (dbfs / 20) * np.sqrt(2)) * 32767).astype(np.int16)
+
+
+def _guarded(reduction_db: float) -> GuardedCanceller:
+    guard = GuardedCanceller(_Canceller(reduction_db), HalfDuplexGate(0.0, clock=lambda: 0.0))  # type: ignore[arg-type]
+    guard.far(_frame(-12.0))  # the reply plays (the fixed clock keeps it in the gate's window)
+    return guard
+
+
+def test_a_faint_echo_left_under_the_servers_silence_level_is_handled():
+    """The speaker heard at -35 dB: echo frames at -60 dBFS, the canceller's output under
+    -70 dBFS (only 12 dB out, under the 15 dB test): converged, so a voice 10 dB over the leak
+    passes instead of meeting the gate's 0 dB assumption."""
+    guard = _guarded(12.0)
+    for _ in range(30):
+        assert guard.near(_frame(-60.0)).any() == guard.converged  # gated until converged
+    assert guard.converged
+    assert guard.coupling_db() == pytest.approx(-48.0, abs=0.1)  # -60 dBFS of echo for -12 of playback
+    voice = _frame(-45.0)
+    assert np.array_equal(guard.near(voice), voice)  # as the microphone heard it: AEC3's suppressor
+    echo = _frame(-60.0)  # would take it for echo; and so for the hold after it
+    for _ in range(round(HOLD_S / 0.02) - 1):
+        assert np.array_equal(guard.near(echo), echo)
+    assert np.array_equal(guard.near(echo), guard.aec.near(echo))  # then the canceller's again
+
+
+def test_no_raw_frames_in_a_loud_room_or_for_the_echo_alone():
+    loud = _guarded(30.0)  # a 0 dB room: the echo as loud as the playback, 30 dB taken out
+    for _ in range(30):
+        loud.near(_frame(-12.0))
+    assert loud.converged and loud.coupling_db() == pytest.approx(0.0, abs=0.1)
+    voice = _frame(-3.0)  # 9 dB over it: AEC3 keeps a voice over a loud echo, so its output goes
+    assert np.array_equal(loud.near(voice), loud.aec.near(voice))
+    faint = _guarded(12.0)
+    for _ in range(300):  # the faint room's echo alone, however long: never raw
+        faint.near(_frame(-60.0))
+    assert faint.converged and faint.raw_frames == 0
+
+
+def test_pauses_are_not_judged_and_a_cold_canceller_stays_gated():
+    guard = _guarded(12.0)
+    for _ in range(300):  # the reply's pauses: nothing above the silence level, nothing judged
+        guard.near(_frame(-90.0))
+    assert not guard.converged
+    for _ in range(25):
+        guard.near(_frame(-60.0))
+    for _ in range(200):  # more pauses do not dilute what was measured
+        guard.near(_frame(-90.0))
+    assert guard.converged
+    cold = _guarded(3.0)  # a loud echo (0 dB leak), barely reduced: never trusted alone
+    for _ in range(200):
+        assert not cold.near(_frame(-20.0)).any()
+    assert not cold.converged
 
 
 # ---- devices ---------------------------------------------------------------------------------
