@@ -14,22 +14,32 @@ from __future__ import annotations
 import asyncio
 import fractions
 import json
+import math
 import random
 import time
 import urllib.error
 import urllib.request
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
 from aiortc import RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from aiortc.rtp import is_rtcp
-from av import AudioFrame
+from av import AudioFrame, Packet
+
+from audio.opus import OpusEncoder
+from server.webrtc import jitter
 
 RATE = 48000
 FRAME = 960  # 20 ms at 48 kHz
 LOUD_RMS = 0.01
 """A received reply frame this loud (RMS, full scale 1) holds speech, not Opus's silence."""
+CLIP_BITRATE = 32000
+"""The microphone's Opus bit rate (bit/s, mono)."""
+TAIL_FRAMES = 5
+"""Frames of silence encoded after each clip (the encoder's lookahead holds its last
+milliseconds) before the track's one made-once silence packet takes over."""
 
 
 def post(url: str, body: bytes | str, headers: dict[str, str] | None = None) -> tuple[int, dict, str]:
@@ -47,38 +57,84 @@ def post(url: str, body: bytes | str, headers: dict[str, str] | None = None) -> 
 
 class ClipTrack(MediaStreamTrack):
     """A microphone that plays ``pcm`` (int16 mono at 48 kHz) once in real time, 20 ms a
-    frame, then silence; ``done_at`` is the wall time its last clip frame went out."""
+    packet, then silence; ``t0`` is the wall time (monotonic s) its first packet went out,
+    ``done_at`` the wall time its last clip packet did, ``sent_at`` each packet's (a busy
+    client's packets go out late: :meth:`spoken_at` counts that in).
+
+    It sends nothing until :meth:`start` (:meth:`RtcClient.connect` calls it once the
+    ``events`` channel is open, so the server's DTLS is up and takes every packet): packets
+    sent before that can be lost while the server finishes its handshake, and the session's
+    audio clock, which starts at the first packet it decodes, would then run behind ``t0``
+    by what was lost (up to a second was seen), putting a turn's end of speech, ``t0`` plus
+    ``speech.stopped``'s ``audio_ms``, that much too early.
+
+    The clip is encoded before it plays (mono Opus at :data:`CLIP_BITRATE`, as ``voxpipe
+    ask --codec opus`` does), and the track hands aiortc the packets: given frames, aiortc
+    would encode each one at 96 kb/s stereo and measure its level in Python on the event
+    loop, CPU a browser spends in native code and that the server's models, on the same
+    small machine in the benches, would wait for."""
 
     kind = "audio"
 
     def __init__(self, pcm: np.ndarray) -> None:
         super().__init__()
-        self.pcm = pcm
-        self.pos = 0
+        self._encoder = OpusEncoder(RATE, CLIP_BITRATE)
+        self._silence = OpusEncoder(RATE, CLIP_BITRATE).encode(bytes(2 * FRAME))[0]
+        self._packets: deque[bytes] = deque()  # the clip's, then its tail's
+        self._clip_left = 0  # the clip's packets among them
         self.t0: float | None = None
         self.done_at: float | None = None
+        self.n = 0
+        self.sent_at: list[float] = []
+        self._started = asyncio.Event()
+        self.play(pcm)
+
+    def start(self) -> None:
+        """Let the track send (its clock, ``t0``, starts with its first packet)."""
+        self._started.set()
 
     def play(self, pcm: np.ndarray) -> None:
         """Play ``pcm`` next (after what is left of the current clip)."""
-        self.pcm = np.concatenate([self.pcm[self.pos:], pcm])
-        self.pos, self.done_at = 0, None
+        pcm = np.asarray(pcm, dtype="<i2")
+        if not len(pcm):
+            return
+        while len(self._packets) > self._clip_left:  # the current clip's silent tail: the new clip instead
+            self._packets.pop()
+        self._packets += self._encoder.encode(np.pad(pcm, (0, -len(pcm) % FRAME)).tobytes())
+        self._clip_left = len(self._packets)
+        self._packets += self._encoder.encode(bytes(2 * FRAME * TAIL_FRAMES))  # the lookahead's tail, settled
+        self.done_at = None
 
-    async def recv(self) -> AudioFrame:
+    async def recv(self) -> Packet:  # aiortc sends a Packet as it is (no encoder of its own)
         if self.readyState != "live":
             raise MediaStreamError
         if self.t0 is None:
-            self.t0, self.n = time.monotonic(), 0
+            await self._started.wait()
+            if self.readyState != "live":
+                raise MediaStreamError
+            self.t0 = time.monotonic()
         else:
             self.n += 1
             await asyncio.sleep(max(0.0, self.t0 + self.n * FRAME / RATE - time.monotonic()))
-        chunk = self.pcm[self.pos:self.pos + FRAME]
-        self.pos += len(chunk)
-        if self.pos >= len(self.pcm) and self.done_at is None and len(chunk):
-            self.done_at = time.monotonic()
-        frame = AudioFrame(format="s16", layout="mono", samples=FRAME)
-        frame.planes[0].update(np.pad(chunk, (0, FRAME - len(chunk))).astype("<i2").tobytes())
-        frame.pts, frame.sample_rate, frame.time_base = self.n * FRAME, RATE, fractions.Fraction(1, RATE)
-        return frame
+        payload = self._packets.popleft() if self._packets else self._silence
+        if self._clip_left:
+            self._clip_left -= 1
+            if not self._clip_left:
+                self.done_at = time.monotonic()
+        packet = Packet(payload)
+        packet.pts, packet.time_base = self.n * FRAME, fractions.Fraction(1, RATE)
+        self.sent_at.append(time.monotonic())
+        return packet
+
+    def spoken_at(self, audio_ms: float) -> float | None:
+        """When the sample ``audio_ms`` into the track went out (monotonic s): its place
+        on the track's clock, plus how late its packet was handed to aiortc (as
+        :meth:`clients.turn.Turn.finish` counts a WebSocket client's lag); None before the
+        first packet."""
+        if self.t0 is None or not self.sent_at:
+            return None
+        k = min(len(self.sent_at) - 1, max(0, math.ceil(audio_ms * RATE / 1000 / FRAME) - 1))
+        return self.t0 + audio_ms / 1000 + max(0.0, self.sent_at[k] - (self.t0 + k * FRAME / RATE))
 
 
 @dataclass
@@ -160,6 +216,9 @@ class RtcClient:
         self.pc = RTCPeerConnection()
         self.mic = ClipTrack(pcm if pcm is not None else np.zeros(0, np.int16))
         self.pc.addTrack(self.mic)
+        # the reply in order as it comes, not after aiortc's 4-packet (80 ms) prefetch: the reply's
+        # first audio is timed when it arrives, as on /ws (and a browser's buffer holds less)
+        self.jitter = jitter.install(self.pc.getTransceivers()[0].receiver)
         self.channel = self.pc.createDataChannel("events")
         self.events: list[dict] = []
         self.times: list[float] = []  # each event's arrival (monotonic s)
@@ -213,6 +272,7 @@ class RtcClient:
         answer = json.loads(body)
         await self.pc.setRemoteDescription(RTCSessionDescription(sdp=answer["sdp"], type=answer["type"]))
         await asyncio.wait_for(self._open.wait(), deadline_s)
+        self.mic.start()
 
     def send(self, event: dict) -> None:
         self.channel.send(json.dumps(event))
