@@ -68,7 +68,7 @@ def main(args: argparse.Namespace) -> int:
         print(json.dumps(table, indent=1))
         return 0
     keys = ["first_token_to_audio", "first_phrase_to_audio", "tts_rtf", "llm_ttft", "asr", "voice_to_voice",
-            "client_voice_to_voice", "up_bytes_per_s", "down_bytes_per_s"]
+            "client_voice_to_voice", "transport_ms", "up_bytes_per_s", "down_bytes_per_s"]
     print(f"LLM={args.llm}, clips={len(clips)} x{args.repeat} per session; each cell: p50 / p95 (ms; RTF unitless; "
           "bytes per second of the user's audio (up) and of the reply's (down)); "
           f"within SLO: answered turns with client voice-to-voice <= {args.slo_ms:.0f} ms")

@@ -1,24 +1,57 @@
 """The single-turn voice table (``voxpipe bench voice``, and one run per ``--variant``): one
 server, the clips played from 1 and from N concurrent sessions, one ``voxpipe ask`` per clip,
 a row of per-response p50 / p95 per sessions value and ``--transport`` (PCM16 or Opus on the
-WebSocket, or WebRTC: the transports take turns clip round by clip round, so drift hits them
-alike)."""
+WebSocket, or WebRTC: the transports take turns, clip by clip at one session and clip round by
+clip round at more, so drift and a busy machine hit them alike).
+
+The client's voice-to-voice is measured at the same point on every transport: from when the
+user's last speech sample went out to when the reply's first loud 20 ms (RMS over
+:data:`clients.rtc.LOUD_RMS`) plays, the reply playing from its first received sample on. A
+WebRTC reply track arrives in real time, so that is when its first loud frame is received; a
+WebSocket reply comes ahead of real time, so it is its first audio frame's arrival plus where
+its first loud 20 ms lies in it (:func:`first_loud_s`; a TTS voice starts its phrases with up
+to ~40 ms of near silence). ``transport_ms`` is that minus the server's own voice-to-voice
+(end of speech received → first audio handed to the transport), turn by turn: the time the
+transport adds, up and down, without the models' time, which on a busy machine varies by
+far more than the transports differ."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import statistics
+from collections.abc import Sequence
 from pathlib import Path
+
+import numpy as np
 
 from bench.server import free_port, start_server, stop_server
 
+LOUD_WINDOW_S = 0.02
+"""The reply's loudness is judged per window of this many seconds (one 20 ms packet)."""
+
+
+def first_loud_s(audio: Sequence[np.ndarray], rate: int) -> float:
+    """Where the first loud :data:`LOUD_WINDOW_S` window (RMS at least
+    :data:`clients.rtc.LOUD_RMS`, full scale 1) of a reply's audio starts (s from its first
+    sample): ``audio`` its chunks (float, mono) at ``rate`` Hz; 0.0 when none is loud."""
+    from clients.rtc import LOUD_RMS
+
+    x = np.concatenate(list(audio)) if len(audio) else np.zeros(0, np.float32)
+    n = int(round(rate * LOUD_WINDOW_S))
+    if n <= 0 or len(x) < n:
+        return 0.0
+    windows = x[: len(x) // n * n].astype(np.float64).reshape(-1, n)
+    loud = np.nonzero(np.sqrt((windows**2).mean(axis=1)) >= LOUD_RMS)[0]
+    return float(loud[0]) * n / rate if len(loud) else 0.0
+
 
 async def _session(url: str, clips: list[Path], out: list[dict], codec: str = "pcm") -> None:
-    """One session: a ``voxpipe ask`` per clip (``codec``: ``pcm`` or ``opus``), in turn;
-    appends to ``out`` a row per refused turn (``busy``, ``clip``) and per answered one (its
-    ``timings_ms``, the client's voice-to-voice, ``clip``, the bytes sent per second of the
-    clip and received per second of the reply)."""
+    """One session: a ``voxpipe ask`` per clip (``codec``: ``pcm`` or ``opus``; ``webrtc``:
+    :func:`_rtc_turn`), in turn; appends to ``out`` a row per refused turn (``busy``,
+    ``clip``) and per answered one (its ``timings_ms``, the client's voice-to-voice to the
+    reply's first loud 20 ms and ``transport_ms`` (ms, module docstring), ``clip``, the bytes
+    sent per second of the clip and received per second of the reply)."""
     import soundfile as sf
 
     from clients.client import ask
@@ -34,7 +67,12 @@ async def _session(url: str, clips: list[Path], out: list[dict], codec: str = "p
         if not done:
             continue
         t = dict(done[-1]["timings_ms"])
-        t["client_voice_to_voice"] = res.timings_ms.get("voice_to_voice")
+        v2v = res.timings_ms.get("voice_to_voice")
+        if v2v is not None:  # the first frame's arrival → when its first loud 20 ms plays
+            v2v += 1000 * first_loud_s(res.reply_audio, res.output_rate)
+            if t.get("voice_to_voice") is not None:
+                t["transport_ms"] = v2v - t["voice_to_voice"]
+        t["client_voice_to_voice"] = v2v
         t["clip"] = clip.name
         t["up_bytes_per_s"] = res.bytes_sent / sf.info(str(clip)).duration
         t["down_bytes_per_s"] = res.reply_bytes / res.reply_audio_s if res.reply_audio_s else None
@@ -45,8 +83,9 @@ async def _rtc_turn(url: str, clip: Path, timeout_s: float = 120) -> dict:
     """One clip over WebRTC (``POST /webrtc/offer``, :class:`clients.rtc.RtcClient`: the clip
     as the microphone track in real time, then silence): the turn's row as :func:`_session`'s,
     the client's voice-to-voice counted from the end of speech (``speech.stopped``'s position
-    on the track's clock) to the first loud frame of the reply track, and the bytes the peer
-    connection moved (RTP, RTCP, SRTP and DTLS; silence frames both ways included)."""
+    on the track's clock, :meth:`~clients.rtc.ClipTrack.spoken_at`) to the first loud frame of
+    the reply track, and the bytes the peer connection moved (RTP, RTCP, SRTP and DTLS;
+    silence frames both ways included)."""
     import numpy as np
 
     from audio.pcm import resample
@@ -64,12 +103,15 @@ async def _rtc_turn(url: str, clip: Path, timeout_s: float = 120) -> dict:
         if ended["type"] != "response.done":
             return {"busy": ended.get("reason") or ended["type"], "clip": clip.name}
         stopped = client.of("speech.stopped")
-        end = client.mic.t0 + stopped[-1]["audio_ms"] / 1000 if stopped and client.mic.t0 else client.at(ended)
+        end = (client.mic.spoken_at(stopped[-1]["audio_ms"]) if stopped else None) or client.at(ended)
         first = await client.wait_until(lambda: client.heard.first_loud(after=end), 30, "the reply's first audio")
         sent, received = await client.bytes_moved()
         row = dict(ended["timings_ms"])
         reply_s = ended.get("audio_s") or client.heard.loud_s(after=end)
-        row.update(client_voice_to_voice=(first - end) * 1000, clip=clip.name,
+        v2v = (first - end) * 1000
+        if row.get("voice_to_voice") is not None:
+            row["transport_ms"] = v2v - row["voice_to_voice"]
+        row.update(client_voice_to_voice=v2v, clip=clip.name,
                    up_bytes_per_s=sent / (len(x) / sr), down_bytes_per_s=received / reply_s if reply_s else None)
         return row
     finally:
@@ -85,7 +127,7 @@ def _stat(rows: list[dict], key: str) -> tuple[float, float]:
 
 
 ROW_KEYS = ("first_audio", "first_token_to_audio", "first_phrase_to_audio", "tts_rtf", "llm_ttft", "asr",
-            "voice_to_voice", "client_voice_to_voice", "up_bytes_per_s", "down_bytes_per_s")
+            "voice_to_voice", "client_voice_to_voice", "transport_ms", "up_bytes_per_s", "down_bytes_per_s")
 """Per-turn timings (``response.done``'s ``timings_ms``, and the client's voice-to-voice) a
 row summarizes as (p50, p95)."""
 
@@ -129,9 +171,15 @@ def single_turn_table(args: argparse.Namespace, clips: list[Path], extra: list[s
                 orders = [per if args.lockstep else per[k % len(per):] + per[:k % len(per)] for k in range(n)]
                 await asyncio.gather(*(_session(url, order, rows, codec) for order in orders))
 
-            for _ in range(args.repeat):
-                for t in transports:
-                    asyncio.run(run(n, clips, rows[t], t))
+            for r in range(args.repeat):
+                if n == 1:  # clip by clip, each transport in turn, who goes first rotating
+                    for i, clip in enumerate(clips):
+                        k = (r * len(clips) + i) % len(transports)
+                        for t in transports[k:] + transports[:k]:
+                            asyncio.run(run(n, [clip], rows[t], t))
+                else:
+                    for t in transports:
+                        asyncio.run(run(n, clips, rows[t], t))
             for t in transports:
                 table.append(_row(n, t, rows[t], args.slo_ms))
     finally:

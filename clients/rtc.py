@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import fractions
 import json
+import math
 import random
 import time
 import urllib.error
@@ -25,6 +26,8 @@ from aiortc import RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from aiortc.rtp import is_rtcp
 from av import AudioFrame
+
+from server.webrtc import jitter
 
 RATE = 48000
 FRAME = 960  # 20 ms at 48 kHz
@@ -47,7 +50,21 @@ def post(url: str, body: bytes | str, headers: dict[str, str] | None = None) -> 
 
 class ClipTrack(MediaStreamTrack):
     """A microphone that plays ``pcm`` (int16 mono at 48 kHz) once in real time, 20 ms a
-    frame, then silence; ``done_at`` is the wall time its last clip frame went out."""
+    frame, then silence; ``t0`` is the wall time (monotonic s) its first frame went out,
+    ``done_at`` the wall time its last clip frame did, ``sent_at`` each frame's (a busy
+    client's frames go out late: :meth:`spoken_at` counts that in).
+
+    It sends nothing until :meth:`start` (:meth:`RtcClient.connect` calls it once the
+    ``events`` channel is open, so the server's DTLS is up and takes every packet): packets
+    sent before that can be lost while the server finishes its handshake, and the session's
+    audio clock, which starts at the first packet it decodes, would then run behind ``t0``
+    by what was lost (up to a second was seen), putting a turn's end of speech, ``t0`` plus
+    ``speech.stopped``'s ``audio_ms``, that much too early.
+
+    aiortc encodes the frames (its Opus at 96 kb/s): a mono 32 kb/s stream made here, though
+    cheaper, lost the high end of the words (Whisper heard "America" for "Americans" under
+    the 5 % loss test).
+    """
 
     kind = "audio"
 
@@ -57,6 +74,13 @@ class ClipTrack(MediaStreamTrack):
         self.pos = 0
         self.t0: float | None = None
         self.done_at: float | None = None
+        self.n = 0
+        self.sent_at: list[float] = []
+        self._started = asyncio.Event()
+
+    def start(self) -> None:
+        """Let the track send (its clock, ``t0``, starts with its first frame)."""
+        self._started.set()
 
     def play(self, pcm: np.ndarray) -> None:
         """Play ``pcm`` next (after what is left of the current clip)."""
@@ -67,7 +91,10 @@ class ClipTrack(MediaStreamTrack):
         if self.readyState != "live":
             raise MediaStreamError
         if self.t0 is None:
-            self.t0, self.n = time.monotonic(), 0
+            await self._started.wait()
+            if self.readyState != "live":
+                raise MediaStreamError
+            self.t0 = time.monotonic()
         else:
             self.n += 1
             await asyncio.sleep(max(0.0, self.t0 + self.n * FRAME / RATE - time.monotonic()))
@@ -78,7 +105,18 @@ class ClipTrack(MediaStreamTrack):
         frame = AudioFrame(format="s16", layout="mono", samples=FRAME)
         frame.planes[0].update(np.pad(chunk, (0, FRAME - len(chunk))).astype("<i2").tobytes())
         frame.pts, frame.sample_rate, frame.time_base = self.n * FRAME, RATE, fractions.Fraction(1, RATE)
+        self.sent_at.append(time.monotonic())
         return frame
+
+    def spoken_at(self, audio_ms: float) -> float | None:
+        """When the sample ``audio_ms`` into the track went out (monotonic s): its place
+        on the track's clock, plus how late its frame was handed to aiortc (as
+        :meth:`clients.turn.Turn.finish` counts a WebSocket client's lag); None before the
+        first frame."""
+        if self.t0 is None or not self.sent_at:
+            return None
+        k = min(len(self.sent_at) - 1, max(0, math.ceil(audio_ms * RATE / 1000 / FRAME) - 1))
+        return self.t0 + audio_ms / 1000 + max(0.0, self.sent_at[k] - (self.t0 + k * FRAME / RATE))
 
 
 @dataclass
@@ -160,6 +198,9 @@ class RtcClient:
         self.pc = RTCPeerConnection()
         self.mic = ClipTrack(pcm if pcm is not None else np.zeros(0, np.int16))
         self.pc.addTrack(self.mic)
+        # the reply in order as it comes, not after aiortc's 4-packet (80 ms) prefetch: the reply's
+        # first audio is timed when it arrives, as on /ws (and a browser's buffer holds less)
+        self.jitter = jitter.install(self.pc.getTransceivers()[0].receiver)
         self.channel = self.pc.createDataChannel("events")
         self.events: list[dict] = []
         self.times: list[float] = []  # each event's arrival (monotonic s)
@@ -213,6 +254,7 @@ class RtcClient:
         answer = json.loads(body)
         await self.pc.setRemoteDescription(RTCSessionDescription(sdp=answer["sdp"], type=answer["type"]))
         await asyncio.wait_for(self._open.wait(), deadline_s)
+        self.mic.start()
 
     def send(self, event: dict) -> None:
         self.channel.send(json.dumps(event))

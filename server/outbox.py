@@ -65,8 +65,13 @@ class WsOutbox:
             await self._put(audio_frame(response_id, pcm16))
             return
         encoder = self._encoders.get(response_id)
-        if encoder is None:
+        if encoder is None:  # the reply's first packet goes alone: it need not wait for the chunk's others
             encoder = self._encoders[response_id] = OpusEncoder(self._opus_rate)
+            first, pcm16 = pcm16[: 2 * encoder.frame], pcm16[2 * encoder.frame:]
+            for packet in await run_codec(encoder.encode, first):
+                await self._put(audio_frame(response_id, packet))
+            if not pcm16:
+                return
         for packet in await run_codec(encoder.encode, pcm16):
             await self._put(audio_frame(response_id, packet))
 

@@ -11,6 +11,7 @@ import sys
 from argparse import Namespace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import bench.voice as voice
@@ -223,3 +224,49 @@ def test_a_tiny_multi_turn_run_prints_one_row_per_turn():
     assert all(r[3] == "1/1" and r[1] != "–" and r[2] != "–" for r in per_turn_rows.values()), out.stdout
     summary = [r for r in rows if r[0] == "cache"]
     assert len(summary) == 1 and summary[0][2:4] == ["2", "2"], out.stdout
+
+
+# ---- the single-turn table's transports (``--transport``) -----------------------------------------
+
+
+def test_first_loud_s_is_where_the_first_loud_20_ms_of_a_reply_starts():
+    from bench.voice_table import first_loud_s
+
+    rate = 24000
+    quiet, loud = np.full(480, 0.001, np.float32), np.full(480, 0.1, np.float32)
+    # chunks split mid-window: windows are counted over the whole reply
+    assert first_loud_s([np.concatenate([quiet, quiet[:100]]), np.concatenate([quiet[100:], loud, loud])], rate) \
+        == pytest.approx(0.04)
+    assert first_loud_s([loud], rate) == 0.0
+    assert first_loud_s([quiet, quiet], rate) == 0.0  # nothing loud: the first frame's arrival stands
+    assert first_loud_s([], rate) == 0.0
+
+
+def test_one_session_alternates_the_transports_clip_by_clip_and_rows_quote_the_transport_time(monkeypatch):
+    import asyncio
+
+    import bench.voice_table as vt
+
+    calls: list[tuple[str, str]] = []
+
+    async def session(url, clips, out, codec="pcm"):
+        await asyncio.sleep(0)
+        for clip in clips:
+            calls.append((codec, clip.name))
+            server = {"pcm": 1000.0, "opus": 1100.0, "webrtc": 900.0}[codec]
+            out.append({"clip": clip.name, "voice_to_voice": server, "client_voice_to_voice": server + 20,
+                        "transport_ms": 20.0})
+
+    monkeypatch.setattr(vt, "start_server", lambda *a, **k: None)
+    monkeypatch.setattr(vt, "stop_server", lambda proc: None)
+    monkeypatch.setattr(vt, "free_port", lambda: 1)
+    monkeypatch.setattr(vt, "_session", session)
+    args = Namespace(llm="x", sessions=[1], repeat=1, lockstep=False, slo_ms=2000.0,
+                     transport=["pcm", "opus", "webrtc"])
+    table = vt.single_turn_table(args, [Path("a.wav"), Path("b.wav"), Path("c.wav")], [])
+    assert calls == [("pcm", "a.wav"), ("opus", "a.wav"), ("webrtc", "a.wav"),
+                     ("opus", "b.wav"), ("webrtc", "b.wav"), ("pcm", "b.wav"),
+                     ("webrtc", "c.wav"), ("pcm", "c.wav"), ("opus", "c.wav")]
+    assert [(r["transport"], r["responses"]) for r in table] == [("pcm", 3), ("opus", 3), ("webrtc", 3)]
+    assert all(r["transport_ms"] == (20.0, 20.0) for r in table)
+    assert table[1]["client_voice_to_voice"] == (1120.0, 1120.0)

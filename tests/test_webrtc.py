@@ -229,6 +229,28 @@ async def test_without_aiortc_an_offer_gets_501_saying_how_to_install_it_and_the
         assert (await aget(srv.http + "/healthz"))[0] == 200
 
 
+async def test_the_microphone_sends_nothing_before_it_is_started_and_times_its_speech_from_its_first_packet():
+    """A packet sent before the server's DTLS is up can be lost, and the session's audio
+    clock starts at the first packet it decodes: the clip waits for :meth:`ClipTrack.start`,
+    and ``spoken_at`` puts a sample at ``t0`` plus its place, plus how late its packet went."""
+    from clients.rtc import ClipTrack
+
+    mic = ClipTrack(tone_clip(speech_s=0.2, lead_s=0.0, tail_s=0.0))
+    first = asyncio.ensure_future(mic.recv())
+    await asyncio.sleep(0.05)
+    assert not first.done() and mic.t0 is None and mic.spoken_at(0.0) is None
+    mic.start()
+    await first
+    assert mic.t0 is not None and len(mic.sent_at) == 1
+    for _ in range(3):
+        await mic.recv()
+    assert mic.sent_at[3] >= mic.t0 + 0.06  # real time: 20 ms a packet
+    mic.sent_at[2] = mic.t0 + 0.04 + 0.5  # the third packet (40-60 ms) went out 0.5 s late
+    assert mic.spoken_at(30.0) == pytest.approx(mic.t0 + 0.03 + max(0.0, mic.sent_at[1] - mic.t0 - 0.02))
+    assert mic.spoken_at(50.0) == pytest.approx(mic.t0 + 0.05 + 0.5)
+    mic.stop()
+
+
 def test_the_jitter_buffer_reorders_skips_only_what_was_lost_and_the_gaps_become_silence():
     import fractions
     import random

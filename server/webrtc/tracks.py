@@ -2,10 +2,17 @@
 received frames as the PCM16 the session is fed.
 
 :class:`ReplyTrack` is the outgoing ``MediaStreamTrack``: every 20 ms, paced on the wall clock
-like aiortc's own ``AudioStreamTrack``, it hands the sender one 48 kHz mono s16 frame — the
-next 20 ms of reply audio, or silence when there is none (a WebRTC track never pauses; Opus
-codes silence in a few bytes). The session's Responder already paces reply audio at most
-``playback_lead_s`` (1 s) ahead of real time, so the queue stays short; a cancelled reply's
+like aiortc's own ``AudioStreamTrack``, it hands the sender one Opus packet — the next 20 ms of
+reply audio, or silence when there is none (a WebRTC track never pauses; Opus codes silence in
+a few bytes). It encodes the packets itself (mono, :data:`REPLY_BITRATE`, on the codec pool:
+:func:`audio.opus.run_codec`) and sends one made-once packet while it is quiet: given frames,
+aiortc encodes each at 96 kb/s stereo in its executor and measures its level in Python on the
+event loop, 50 times a second for the session's whole life, CPU that the models on a small
+machine wait for. A reply's first audio waits for the next 20 ms tick of the track's clock
+(10 ms on average): a continuous stream's timestamps leave it no earlier slot.
+
+The session's Responder already paces reply audio at most ``playback_lead_s`` (1 s) ahead
+of real time, so the queue stays short; a cancelled reply's
 queued audio is dropped at once and a paused one's held back until it resumes, as the web
 demo does with its player (docs/PROTOCOL.md, "Talking over a reply").
 
@@ -23,7 +30,9 @@ from collections import deque
 
 import numpy as np
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
-from av import AudioFrame, AudioResampler
+from av import AudioFrame, AudioResampler, Packet
+
+from audio.opus import OpusEncoder, run_codec
 
 from .types import FRAME_S, INPUT_CHANNELS, TRACK_RATE
 
@@ -36,13 +45,28 @@ MAX_QUEUED_S = 30.0
 Responder paces: it sends at most ~1 s ahead)."""
 MAX_GAP_S = 0.5
 """A gap in the received audio's timestamps up to this long is filled with silence (s)."""
+REPLY_BITRATE = 32000
+"""The reply's Opus bit rate (bit/s, mono at 48 kHz): as ``/ws``'s Opus replies."""
+SETTLE_FRAMES = 5
+"""After a reply's last audio, this many frames of silence still go through the encoder (its
+lookahead's tail, and its state settling to silence as the receiver's decoder does) before
+the track sends its made-once silence packet."""
 _TIME_BASE = fractions.Fraction(1, TRACK_RATE)
 _SILENCE = bytes(FRAME_BYTES)
+_silence_packet: bytes | None = None
+
+
+def silence_packet() -> bytes:
+    """One 20 ms Opus packet of silence at 48 kHz (made once)."""
+    global _silence_packet
+    if _silence_packet is None:
+        _silence_packet = OpusEncoder(TRACK_RATE, REPLY_BITRATE).encode(_SILENCE)[0]
+    return _silence_packet
 
 
 class ReplyTrack(MediaStreamTrack):
-    """The reply audio as an aiortc audio track: PCM16 mono at :data:`~.types.TRACK_RATE`,
-    one 20 ms frame per :meth:`recv`, silence when nothing is queued.
+    """The reply audio as an aiortc audio track: PCM16 mono at :data:`~.types.TRACK_RATE` in,
+    one 20 ms Opus packet per :meth:`recv` out, silence when nothing is queued.
 
     Attributes:
         frames, audio_frames: frames handed out, and those that held reply audio.
@@ -57,6 +81,8 @@ class ReplyTrack(MediaStreamTrack):
         self._held: set[int] = set()  # paused replies: their audio waits
         self._start: float | None = None
         self._pts = 0
+        self._encoder = OpusEncoder(TRACK_RATE, REPLY_BITRATE)
+        self._quiet = SETTLE_FRAMES  # frames of silence since the last audio
         self.frames = self.audio_frames = 0
 
     @property
@@ -114,9 +140,9 @@ class ReplyTrack(MediaStreamTrack):
         self.audio_frames += 1
         return bytes(out) + _SILENCE[len(out):]
 
-    async def recv(self) -> AudioFrame:
-        """The next 20 ms frame, due :data:`~.types.FRAME_S` after the previous one on the
-        wall clock (late frames come at once: the sender catches up).
+    async def recv(self) -> Packet:  # aiortc sends a Packet as it is (no encoder of its own)
+        """The next 20 ms Opus packet, due :data:`~.types.FRAME_S` after the previous one on
+        the wall clock (late ones come at once: the sender catches up).
 
         Raises:
             MediaStreamError: the track was stopped.
@@ -133,13 +159,16 @@ class ReplyTrack(MediaStreamTrack):
                 await asyncio.sleep(wait)
             elif wait < -1.0:  # the loop stalled over a second: start the clock again, no burst
                 self._start, self._pts = now, 0
-        frame = AudioFrame(format="s16", layout="mono", samples=FRAME_SAMPLES)
-        frame.planes[0].update(self._next_pcm())
-        frame.pts = self._pts
-        frame.sample_rate = TRACK_RATE
-        frame.time_base = _TIME_BASE
+        pcm = self._next_pcm()
+        self._quiet = self._quiet + 1 if pcm is _SILENCE else 0
+        payload = None
+        if self._quiet <= SETTLE_FRAMES:
+            payload = next(iter(await run_codec(self._encoder.encode, pcm)), None)
+        packet = Packet(payload or silence_packet())
+        packet.pts = self._pts
+        packet.time_base = _TIME_BASE
         self.frames += 1
-        return frame
+        return packet
 
 
 class FrameConverter:
