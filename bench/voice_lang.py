@@ -1,7 +1,8 @@
 """``voxpipe bench voice --lang en de``: the voice benchmark per spoken language (issue 35).
 
 One server with the multilingual Whisper (``--asr-model base`` unless ``--serve-args`` names
-another) plays each language's clips of the test audio folder (``manifest.tsv``'s
+another) and a voice per language (joe for English, espeak-ng's otherwise: :func:`serve_args`)
+plays each language's clips of the test audio folder (``manifest.tsv``'s
 ``language`` column; the "hard" clips left out), one ``voxpipe ask`` per clip at real-time
 pace, one after another, and prints a row per language:
 
@@ -166,9 +167,15 @@ def format_table(table: list[LangRow]) -> str:
     return "\n".join(lines)
 
 
-def serve_args(extra: list[str]) -> list[str]:
-    """``extra`` with ``--asr-model base`` prepended unless it names an ASR model itself."""
-    return extra if any(a.startswith("--asr-model") for a in extra) else ["--asr-model", "base", *extra]
+def serve_args(extra: list[str], languages: list[str] = []) -> list[str]:  # noqa: B006 (read only)
+    """``extra`` with ``--asr-model base`` prepended unless it names an ASR model itself, and a
+    voice per language of ``languages`` unless it names a ``--voice`` itself: joe for English,
+    espeak-ng's voice of that code for any other (``de=espeak:de``), so each reply is spoken in
+    its own language."""
+    voices = [] if any(a.startswith("--voice") for a in extra) else \
+        [a for lang in languages for a in ("--voice", "en=joe" if lang == "en" else f"{lang}=espeak:{lang}")]
+    asr = [] if any(a.startswith("--asr-model") for a in extra) else ["--asr-model", "base"]
+    return [*asr, *voices, *extra]
 
 
 def lang_main(args: argparse.Namespace) -> int:
@@ -181,15 +188,16 @@ def lang_main(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(exc)
         return 2
-    if args.max_clips:
+    if args.max_clips is not None:
         clips = {lang: rows[: args.max_clips] for lang, rows in clips.items()}
     port = free_port()
-    proc = start_server(args.llm, port, serve_args(args.serve_args.split()), log=args.server_log)
+    flags = serve_args(args.serve_args.split(), list(args.lang))
+    proc = start_server(args.llm, port, flags, log=args.server_log)
     try:
         turns = asyncio.run(run_turns(f"ws://127.0.0.1:{port}/ws", audio_dir, clips, args.repeat))
     finally:
         stop_server(proc)
-    print(f"LLM={args.llm}, ASR={' '.join(serve_args(args.serve_args.split()))}; per language: WER of the final "
+    print(f"LLM={args.llm}, server flags: {' '.join(flags)}; per language: WER of the final "
           "transcript and turns whose detected language was the clip's (of the heard turns: a final came), answered "
           "turns whose reply is in it "
           "(py3langid), client voice-to-voice p50")

@@ -12,6 +12,20 @@ from pathlib import Path
 from pipeline.turn_config import EAGERNESS, END_OF_TURN
 
 
+def _positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1.
+
+    Raises:
+        argparse.ArgumentTypeError: anything else (argparse prints it as a usage error)."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return n
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``voxpipe`` command line: ``serve`` (its configuration flags generated from the config
     dataclasses, :mod:`cli.flags`), ``ask``, ``bench`` and ``mic``."""
@@ -166,7 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="per spoken language (e.g. en de): the clips of --audio-dir in each through one server "
                          "with the multilingual ASR; a row each: WER of the final, detected language, reply in "
                          "the language (%%), voice-to-voice p50")
-    bv.add_argument("--max-clips", type=int, default=None, metavar="N", help="--lang: each language's first N clips")
+    bv.add_argument("--max-clips", type=_positive_int, default=None, metavar="N",
+                    help="--lang: each language's first N clips")
     bv.add_argument("--json", action="store_true")
 
     m = sub.add_parser("mic", help="talk to a server with the local microphone and speaker")

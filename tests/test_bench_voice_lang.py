@@ -65,6 +65,8 @@ def test_the_table_has_a_row_per_language_with_wer_detection_reply_language_and_
 
 def test_the_server_gets_the_multilingual_asr_unless_told_otherwise():
     assert serve_args([]) == ["--asr-model", "base"]
+    assert serve_args([], ["en", "de"]) == ["--asr-model", "base", "--voice", "en=joe", "--voice", "de=espeak:de"]
+    assert serve_args(["--voice", "de=/v.onnx"], ["en", "de"]) == ["--asr-model", "base", "--voice", "de=/v.onnx"]
     assert serve_args(["--asr-model", "tiny.en"]) == ["--asr-model", "tiny.en"]
     assert serve_args(["--asr-model=/m", "--slo-ms", "9"]) == ["--asr-model=/m", "--slo-ms", "9"]
 
@@ -83,7 +85,7 @@ def test_cli_flags_and_main_prints_the_table(monkeypatch, capsys):
     monkeypatch.setattr(vl, "stop_server", lambda proc: None)
     monkeypatch.setattr(vl, "run_turns", fake_run_turns)
     assert vl.lang_main(args) == 0
-    assert seen["extra"] == ["--asr-model", "base"]
+    assert seen["extra"] == ["--asr-model", "base", "--voice", "en=joe", "--voice", "de=espeak:de"]
     assert seen["clips"] == {"en": ["en_jfk_inaugural_1961.wav"], "de": ["de_fleurs_001.wav"]}
     out = capsys.readouterr().out
     assert "| de | 1 | 1 | 1 | 0.000 | 100 % | 100 % | 1234 |" in out and "| en | 0 | 0 | 0 |" in out

@@ -71,7 +71,7 @@ async def test_a_session_answers_each_spoken_turn_in_its_detected_language():
     assert [f.language for f in finals] == ["de", "en"]
     first, second = (r.messages for r in llm.requests)
     assert first[-1]["content"] == f"{finals[0].text}\n(Answer in German.)"
-    assert second[-1]["content"] == finals[1].text
+    assert second[-1]["content"] == f"{finals[1].text}\n(Answer in English.)"  # switched back: said so
     assert second[: len(first)] == first  # the German turn is kept as sent
     assert [s.user_text for s in h.out.events(ev.ResponseStarted)] == [f.text for f in finals]
 
@@ -96,3 +96,18 @@ async def test_english_sessions_prompts_are_unchanged():
     finally:
         await h.close()
     assert [r.messages[-1]["content"] for r in llm.requests] == ["hello", h.out.events(ev.TranscriptFinal)[0].text]
+
+
+def test_the_first_english_turn_after_another_language_asks_for_english_then_nothing():
+    earlier: list[str] = []
+    for text, lang, expected in [("Hello.", "en", "Hello."),
+                                 ("Wie spät ist es?", "de", "Wie spät ist es?\n(Answer in German.)"),
+                                 ("Go forward.", "en", "Go forward.\n(Answer in English.)"),
+                                 ("And then?", "en", "And then?"),
+                                 ("Quelle heure?", "fr", "Quelle heure?\n(Answer in French.)"),
+                                 ("Hmm.", None, "Hmm."),
+                                 ("Stop.", "en", "Stop.\n(Answer in English.)")]:
+        sent = with_instruction(text, lang, earlier)
+        assert sent == expected, (text, sent)
+        earlier.append(sent)
+    assert reply_instruction("en", ["A (Answer in German.)"]) == ""  # not on its own line: the user's words

@@ -6,11 +6,16 @@ user message*, not into the system prompt: the system prompt, the examples and t
 turns stay one unchanged token prefix (the prefix cache, :mod:`pipeline.llm.runner.block_cache`,
 finds them), and a language switch mid-conversation changes only the new turn. The message
 is kept in the history as sent, instruction included, so the next turn's prompt extends this
-one's prompt + reply exactly. English turns (and turns of unknown language) carry nothing:
-their prompts are as before.
+one's prompt + reply exactly. English turns (and turns of unknown language) carry nothing —
+their prompts are as before — except the first English turn after one in another language,
+which says "(Answer in English.)": without it the earlier German turns keep the model in
+German.
 """
 
 from __future__ import annotations
+
+import re
+from collections.abc import Iterable
 
 LANGUAGE_NAMES: dict[str, str] = {
     "en": "English", "zh": "Chinese", "de": "German", "es": "Spanish", "ru": "Russian", "ko": "Korean",
@@ -42,16 +47,28 @@ def language_name(code: str) -> str:
     return LANGUAGE_NAMES.get(code.lower(), code)
 
 
-def reply_instruction(language: str | None) -> str:
+_NOTE = re.compile(r"\n\(Answer in ([^()\n]+)\.\)\Z")
+"""The instruction at the end of a user message as :func:`with_instruction` puts it."""
+
+
+def reply_instruction(language: str | None, earlier: Iterable[str] = ()) -> str:
     """What a turn in ``language`` (ISO code) tells the model: ``"Answer in German."``; ""
-    for English or an unknown language (None, "")."""
-    if not language or language.lower() == "en":
+    for an unknown language (None, ""), and for English unless the latest of the ``earlier``
+    user messages that carried an instruction asked for another language (then
+    ``"Answer in English."``: the conversation switched back)."""
+    if not language:
         return ""
-    return f"Answer in {language_name(language)}."
+    name = language_name(language)
+    if language.lower() == "en":
+        last = next((m.group(1) for text in reversed(list(earlier)) if (m := _NOTE.search(text))), None)
+        if last is None or last == name:
+            return ""
+    return f"Answer in {name}."
 
 
-def with_instruction(user_text: str, language: str | None) -> str:
+def with_instruction(user_text: str, language: str | None, earlier: Iterable[str] = ()) -> str:
     """``user_text`` with :func:`reply_instruction` appended in parentheses on a new line
-    (``"Wie spät ist es?\n(Answer in German.)"``); ``user_text`` itself when there is none."""
-    note = reply_instruction(language)
+    (``"Wie spät ist es?\n(Answer in German.)"``); ``user_text`` itself when there is none.
+    ``earlier``: the conversation's earlier user messages, as sent, oldest first."""
+    note = reply_instruction(language, earlier)
     return f"{user_text}\n({note})" if note else user_text

@@ -171,16 +171,18 @@ class Responder:
     async def run(self, user_text: str, *, t_end: float, asr_ms: float, language: str | None = None) -> None:
         """Generate, speak, and record the exchange; on cancel, record what was spoken.
 
-        ``language``: the turn's (ISO code; None: unknown). Other than English, the user message
-        asks for the reply in it (:func:`~pipeline.session.language.with_instruction`), and
-        the history keeps the message as sent."""
+        ``language``: the turn's (ISO code; None: unknown). Other than English (or English
+        after another language), the user message asks for the reply in it
+        (:func:`~pipeline.session.language.with_instruction`), and the history keeps the
+        message as sent."""
         policy = self._policy()
         llm = self._llm(policy)
         t0 = time.perf_counter()
         specs = self.tools.specs if self.tools is not None and policy.stock_line is None else ()
         count = functools.partial(llm.count_tokens, tools=specs) if specs else llm.count_tokens
         demo = demo_exchange(specs)
-        messages = await asyncio.to_thread(self.history.prompt, with_instruction(user_text, language), count,
+        asking = with_instruction(user_text, language, (u for u, _ in self.history.turns))
+        messages = await asyncio.to_thread(self.history.prompt, asking, count,
                                            policy.context_tokens - policy.max_new_tokens,
                                            demos=(demo,) if demo is not None else ())
         asked = messages[-1]["content"]  # the user message as it fit the context budget (and as sent)
