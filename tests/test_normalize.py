@@ -15,6 +15,8 @@ from pipeline.tts.normalize import verbalize
 
 
 @pytest.mark.parametrize("raw, said", [
+    ("Take 0,125 of it", "Take zero point one two five of it"),  # a group never starts with 0
+    ("0,5% and 1,234", "zero point five percent and one thousand, two hundred and thirty-four"),
     ("It is 98.6°F.", "It is ninety-eight point six degrees Fahrenheit."),
     ("Water boils at 100 °C", "Water boils at one hundred degrees Celsius"),
     ("It is -5°C outside.", "It is minus five degrees Celsius outside."),
@@ -69,6 +71,8 @@ def test_the_issues_examples_in_both_languages(language, raw, said):
 
 
 @pytest.mark.parametrize("raw, said", [
+    ("0.125 Liter", "null Komma eins zwei fünf Liter"),  # a group never starts with 0
+    ("1.234 und 0.001", "eintausendzweihundertvierunddreißig und null Komma null null eins"),
     ("Es sind 98,6 °F.", "Es sind achtundneunzig Komma sechs Grad Fahrenheit."),
     ("Heute 21 °C, nachts -5°C.", "Heute einundzwanzig Grad Celsius, nachts minus fünf Grad Celsius."),
     ("Nur 1 °C", "Nur ein Grad Celsius"),

@@ -36,8 +36,9 @@ from num2words import num2words
 
 from pipeline.tts import normalize_de as german
 
-_NUM = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?"
-"""A number: thousands separated by commas, or plain digits; an optional decimal part."""
+_NUM = r"[1-9]\d{0,2}(?:,\d{3})+(?:\.\d+)?|0,\d+(?![\d,])|\d+(?:\.\d+)?"
+"""A number: thousands separated by commas (a group never starts with 0), a decimal comma after
+a lone 0 (``0,125``), or plain digits; an optional decimal part."""
 _MEASURE = rf"\d+,\d{{1,2}}(?!\d|,\d)|{_NUM}"
 """A number before a symbol: also with a decimal comma (``98,6 °F``, ``19,99 €``)."""
 
@@ -88,7 +89,8 @@ _NUMBER = re.compile(rf"(?<![\w.\-])(-?)({_NUM})(?![\w]|[.\-]\d)")
 
 def _plain_digits(text: str) -> str:
     """``text`` (see ``_MEASURE``) with a decimal point and no thousands commas."""
-    return text.replace(",", ".") if re.fullmatch(r"\d+,\d{1,2}", text) else text.replace(",", "")
+    decimal_comma = re.fullmatch(r"\d+,\d{1,2}|0,\d+", text)
+    return text.replace(",", ".") if decimal_comma else text.replace(",", "")
 
 
 def _number(text: str, *, year_ok: bool = False) -> str:

@@ -49,9 +49,10 @@ from collections.abc import Callable, Iterable
 
 from num2words import num2words
 
-_NUM = r"\d{1,3}(?:\.\d{3})+(?:,\d+)?|\d+\.(?:\d{1,2}|\d{4,})(?!\d)|\d+(?:,\d+)?"
-"""A number: thousands grouped by dots (an optional decimal comma), an English-style
-decimal point (not before exactly three digits), or digits with an optional decimal comma."""
+_NUM = r"[1-9]\d{0,2}(?:\.\d{3})+(?:,\d+)?|0\.\d+(?!\d)|\d+\.(?:\d{1,2}|\d{4,})(?!\d)|\d+(?:,\d+)?"
+"""A number: thousands grouped by dots (an optional decimal comma; a group never starts with
+0), an English-style decimal point (after a lone 0, or not before exactly three digits), or
+digits with an optional decimal comma."""
 
 ABBREVIATIONS = {
     "z. B.": "zum Beispiel", "d. h.": "das heißt", "u. a.": "unter anderem", "z. T.": "zum Teil",
@@ -130,7 +131,7 @@ def _split(text: str) -> tuple[str, str]:
     if "," in text:
         whole, frac = text.split(",", 1)
         return whole.replace(".", ""), frac
-    if re.fullmatch(r"\d{1,3}(?:\.\d{3})+", text):
+    if re.fullmatch(r"[1-9]\d{0,2}(?:\.\d{3})+", text):
         return text.replace(".", ""), ""
     whole, _, frac = text.partition(".")
     return whole, frac
