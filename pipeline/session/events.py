@@ -254,7 +254,7 @@ class ResponseStarted(_ServerEvent):
     response_id: int
     user_text: str
     voice: str | None = Field(
-        None, description="the voice that speaks the reply (null: the server does not say: a remote or Coqui TTS)")
+        None, description="the voice that speaks the reply (null: the server does not say: a remote TTS)")
 
 
 class ResponseTextDelta(_ServerEvent):
