@@ -45,11 +45,12 @@ def ask_command(args) -> int:
     if args.json:
         print(json.dumps(res.as_json()))
     else:
-        print(f"you said:   {res.transcript or '(nothing)'}")
+        print(f"you said:   {res.transcript or '(nothing)'}{f' [{res.language}]' if res.language else ''}")
         why = f" (turn.empty: {res.empty_reason})" if res.empty_reason and not res.reply_text else ""
         if res.text_only and res.reply_text:
             why = " (text only: speech unavailable)"
-        print(f"voxpipe:    {res.reply_text or '(no reply)'}{why}")
+        said_by = f" [voice {res.voice}]" if res.voice and res.reply_text else ""
+        print(f"voxpipe:    {res.reply_text or '(no reply)'}{why}{said_by}")
         if res.busy and not res.reply_text:
             retry_s = (res.busy.get("retry_after_ms") or 0) / 1000
             print(f"busy:       {describe_busy(res.busy)}; try again in {retry_s:.1f} s")

@@ -66,6 +66,8 @@ class AskResult:
     busy: dict | None = None  # the turn was refused: ``busy``'s reason, retry_after_ms, message
     status: dict | None = None  # the latest ``server.status`` (degraded, conditions), if any came
     text_only: bool = False  # the reply came without audio (the TTS stage's breaker was open)
+    language: str | None = None  # ``transcript.final``'s language (ISO code; detected or fixed)
+    voice: str | None = None  # the voice that spoke the reply (``response.done``'s ``voice``)
 
     @property
     def reply_audio_s(self) -> float:
@@ -76,7 +78,7 @@ class AskResult:
                 "reply_audio_s": round(self.reply_audio_s, 3), "timings_ms": self.timings_ms,
                 "partials": self.partials, "turn_empty": self.empty_reason, "busy": self.busy,
                 "errors": [{"code": e.get("code"), "message": e.get("message")} for e in self.errors],
-                "text_only": self.text_only, "status": self.status,
+                "text_only": self.text_only, "status": self.status, "language": self.language, "voice": self.voice,
                 "bytes": {"sent": self.bytes_sent, "received": self.bytes_received, "reply": self.reply_bytes}}
 
 
@@ -240,12 +242,14 @@ class Turn:
             marks["speech_stopped_last"] = now
         elif kind == "transcript.final":
             marks["asr_final"] = now
+            res.language = ev.get("language")
         elif kind == "response.started":
             res.transcript = ev.get("user_text", "")
         elif kind == "response.done":
             rid = ev["response_id"]
             res.reply_text = ev["text"]
             res.text_only = bool(ev.get("text_only"))
+            res.voice = ev.get("voice")
             res.reply_audio = audio.get(rid, [])
             if ("first_audio", rid) in marks:
                 marks["first_audio"] = marks[("first_audio", rid)]

@@ -32,7 +32,8 @@ def test_ask_json_prints_one_object_and_writes_audio(server, audio_dir, manifest
     assert len(lines) == 1
     res = json.loads(lines[0])
     assert set(res) == {"transcript", "reply_text", "reply_audio_s", "timings_ms", "partials", "turn_empty", "busy",
-                        "errors", "text_only", "status", "bytes"}
+                        "errors", "text_only", "status", "bytes", "language", "voice"}
+    assert res["language"] == "en" and res["voice"] == "joe"  # the English-only ASR, the default voice
     assert res["turn_empty"] is None and res["busy"] is None and res["errors"] == []
     assert res["text_only"] is False and res["status"] is None  # a healthy server sends no server.status
     partials = res["partials"]  # live partial transcripts of the 11 s clip, in order
