@@ -285,11 +285,11 @@ def load_engines(cfg: VoxpipeConfig) -> Engines:
 
         remote_llm = open_remote_llm(cfg)
     vad = SileroVad(model_files.silero_vad_path(), gate=cfg.turn.vad_gate)
+    tts = load_stage(cfg, "tts")  # first: a mistyped --voice fails in a second, not after the LLM
     asr = load_stage(cfg, "asr")
     logger.info("ASR loaded (%s)", cfg.asr.model)
     llm = remote_llm if remote_llm is not None else load_stage(cfg, "llm")
     logger.info("LLM loaded (%s)", cfg.llm.model)
-    tts = load_stage(cfg, "tts")
     eot = load_eot(cfg)
     fallback = None
     name = fallback_model(cfg)

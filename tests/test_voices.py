@@ -353,3 +353,13 @@ async def test_realtime_beta_voice_is_checked_and_reported():
             async with asyncio.timeout(CONTROL_DEADLINE_S):
                 await anext(e async for e in conn if e.type == "response.done")
     assert tts.voices and set(tts.voices) == {"espeak-de"}
+
+
+@pytest.mark.slow
+def test_a_voice_that_does_not_load_stops_serve_before_the_asr_and_llm_load(tmp_path):
+    from tests.test_cli import voxpipe
+
+    r = voxpipe("serve", "--llm", "smollm2", "--port", "0", "--voice", f"de={tmp_path / 'missing.onnx'}")
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    assert "missing.onnx" in r.stderr
+    assert "ASR loaded" not in r.stderr and "LLM loaded" not in r.stderr, r.stderr[-2000:]
