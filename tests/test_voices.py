@@ -110,6 +110,16 @@ def test_a_non_english_voice_makes_multilingual_whisper_the_default():
     assert multilingual_asr(english, asr_model_given=False).asr.model == AsrConfig().model
 
 
+def test_a_non_english_voice_beside_an_english_only_asr_is_warned_about(caplog):
+    cfg = VoxpipeConfig()
+    cfg.tts = resolve_tts(TtsConfig(voices=VOICES))
+    with caplog.at_level("WARNING", logger="pipeline.tts.choice"):
+        multilingual_asr(cfg, asr_model_given=False)  # base replaces tiny.en: nothing to warn of
+        assert not caplog.records
+        multilingual_asr(cfg, asr_model_given=True)  # --asr-model tiny.en
+    assert len(caplog.records) == 1 and "English-only" in caplog.records[0].getMessage()
+
+
 @needs_espeak
 def test_serve_flags_repeat_voice_and_an_explicit_asr_model_wins():
     from cli.main import build_parser

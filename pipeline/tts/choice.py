@@ -79,6 +79,10 @@ def multilingual_asr(cfg: VoxpipeConfig, *, asr_model_given: bool) -> VoxpipeCon
         ValueError: a bad ``--voice`` entry.
     """
     others = [lang for lang in voice_languages(cfg.tts) if lang != "en"]
+    if others and cfg.asr.model.endswith(".en") and (asr_model_given or cfg.asr.model != AsrConfig().model):
+        logger.warning("a %s voice is configured but the ASR %r is English-only: it never detects another "
+                       "language, so that voice speaks only for sessions that choose it (session.start voice)",
+                       "/".join(others), cfg.asr.model)
     if not others or asr_model_given or cfg.asr.model != AsrConfig().model:
         return cfg
     logger.info("a %s voice is configured: ASR uses the multilingual Whisper %r instead of %r "
