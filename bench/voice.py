@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from bench.common import TurnRow, english_clips, jsonable, turn_row
 from bench.server import free_port, start_server, stop_server
-from bench.voice_table import single_turn_table
+from bench.voice_table import single_turn_table, turn_end
 from bench.voice_variants import variants_main
 
 if TYPE_CHECKING:
@@ -71,7 +71,8 @@ def main(args: argparse.Namespace) -> int:
             "client_voice_to_voice", "transport_ms", "up_bytes_per_s", "down_bytes_per_s"]
     print(f"LLM={args.llm}, clips={len(clips)} x{args.repeat} per session; each cell: p50 / p95 (ms; RTF unitless; "
           "bytes per second of the user's audio (up) and of the reply's (down)); "
-          f"within SLO: answered turns with client voice-to-voice <= {args.slo_ms:.0f} ms")
+          f"within SLO: answered turns with client voice-to-voice <= {args.slo_ms:.0f} ms; turns ended by the "
+          f"{turn_end(args)}")
     print("| sessions | transport | responses | busy | within SLO | max v2v | " + " | ".join(keys) + " |")
     print("|" + "---|" * (len(keys) + 6))
     for row in table:

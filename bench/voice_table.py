@@ -46,12 +46,15 @@ def first_loud_s(audio: Sequence[np.ndarray], rate: int) -> float:
     return float(loud[0]) * n / rate if len(loud) else 0.0
 
 
-async def _session(url: str, clips: list[Path], out: list[dict], codec: str = "pcm") -> None:
+async def _session(url: str, clips: list[Path], out: list[dict], codec: str = "pcm",
+                   open_mic: bool = False) -> None:
     """One session: a ``voxpipe ask`` per clip (``codec``: ``pcm`` or ``opus``; ``webrtc``:
-    :func:`_rtc_turn`), in turn; appends to ``out`` a row per refused turn (``busy``,
+    :func:`_rtc_turn`; ``open_mic``: silence after the clip instead of ``input.end``), in
+    turn; appends to ``out`` a row per refused turn (``busy``,
     ``clip``) and per answered one (its ``timings_ms``, the client's voice-to-voice to the
     reply's first loud 20 ms and ``transport_ms`` (ms, module docstring), ``clip``, the bytes
-    sent per second of the clip and received per second of the reply)."""
+    sent per second of audio sent (the clip, and an open microphone's silence after it) and
+    received per second of the reply)."""
     import soundfile as sf
 
     from clients.client import ask
@@ -60,7 +63,7 @@ async def _session(url: str, clips: list[Path], out: list[dict], codec: str = "p
         if codec == "webrtc":
             out.append(await _rtc_turn(url, clip))
             continue
-        res = await ask(str(clip), url=url, timeout_s=120, codec=codec)
+        res = await ask(str(clip), url=url, timeout_s=120, codec=codec, open_mic=open_mic)
         done = [e for e in res.events if e["type"] == "response.done"]
         if res.busy is not None:
             out.append({"busy": res.busy.get("reason"), "clip": clip.name})
@@ -74,7 +77,7 @@ async def _session(url: str, clips: list[Path], out: list[dict], codec: str = "p
                 t["transport_ms"] = v2v - t["voice_to_voice"]
         t["client_voice_to_voice"] = v2v
         t["clip"] = clip.name
-        t["up_bytes_per_s"] = res.bytes_sent / sf.info(str(clip)).duration
+        t["up_bytes_per_s"] = res.bytes_sent / (res.audio_sent_s or sf.info(str(clip)).duration)
         t["down_bytes_per_s"] = res.reply_bytes / res.reply_audio_s if res.reply_audio_s else None
         out.append(t)
 
@@ -85,12 +88,13 @@ async def _rtc_turn(url: str, clip: Path, timeout_s: float = 120) -> dict:
     the client's voice-to-voice counted from the end of speech (``speech.stopped``'s position
     on the track's clock, :meth:`~clients.rtc.ClipTrack.spoken_at`) to the first loud frame of
     the reply track, and the bytes the peer connection moved (RTP, RTCP, SRTP and DTLS;
-    silence frames both ways included)."""
+    silence frames both ways included) per second of the microphone track sent and of the
+    reply."""
     import numpy as np
 
     from audio.pcm import resample
     from audio.wav import read_mono
-    from clients.rtc import RATE, RtcClient
+    from clients.rtc import FRAME, RATE, RtcClient
 
     x, sr = read_mono(clip)
     pcm = (np.clip(resample(x, sr, RATE), -1, 1) * 32767).astype(np.int16)
@@ -106,13 +110,14 @@ async def _rtc_turn(url: str, clip: Path, timeout_s: float = 120) -> dict:
         end = (client.mic.spoken_at(stopped[-1]["audio_ms"]) if stopped else None) or client.at(ended)
         first = await client.wait_until(lambda: client.heard.first_loud(after=end), 30, "the reply's first audio")
         sent, received = await client.bytes_moved()
+        mic_s = len(client.mic.sent_at) * FRAME / RATE  # the clip and the silence after it
         row = dict(ended["timings_ms"])
         reply_s = ended.get("audio_s") or client.heard.loud_s(after=end)
         v2v = (first - end) * 1000
         if row.get("voice_to_voice") is not None:
             row["transport_ms"] = v2v - row["voice_to_voice"]
-        row.update(client_voice_to_voice=v2v, clip=clip.name,
-                   up_bytes_per_s=sent / (len(x) / sr), down_bytes_per_s=received / reply_s if reply_s else None)
+        row.update(client_voice_to_voice=v2v, clip=clip.name, up_bytes_per_s=sent / (mic_s or len(x) / sr),
+                   down_bytes_per_s=received / reply_s if reply_s else None)
         return row
     finally:
         await client.close()
@@ -144,6 +149,18 @@ def _row(n: int, transport: str, rows: list[dict], slo_ms: float) -> dict:
     return row
 
 
+def turn_end(args: argparse.Namespace) -> str:
+    """How the WebSocket clients end a turn: ``client`` (``input.end`` after the clip, as
+    ``voxpipe ask`` sends a file) or ``server`` (silence after it, as a live microphone: the
+    server's end-of-turn detection ends the turn, as it always does over WebRTC, whose
+    client has no ``input.end`` to send). ``args.turn_end``, else ``server`` when WebRTC is
+    compared, so every transport's turns end the same way."""
+    chosen = getattr(args, "turn_end", None)
+    if chosen:
+        return chosen
+    return "server" if "webrtc" in (getattr(args, "transport", None) or []) else "client"
+
+
 def single_turn_table(args: argparse.Namespace, clips: list[Path], extra: list[str],
                       log: str | None = None) -> list[dict]:
     """Start ``voxpipe serve --llm args.llm EXTRA``, play ``clips`` × ``args.repeat`` from each
@@ -162,6 +179,7 @@ def single_turn_table(args: argparse.Namespace, clips: list[Path], extra: list[s
     proc = start_server(args.llm, port, extra, log=log)
     url = f"ws://127.0.0.1:{port}/ws"
     transports = list(getattr(args, "transport", None) or ["pcm"])
+    open_mic = turn_end(args) == "server"
     table = []
     try:
         for n in args.sessions:
@@ -169,7 +187,7 @@ def single_turn_table(args: argparse.Namespace, clips: list[Path], extra: list[s
 
             async def run(n: int, per: list[Path], rows: list[dict], codec: str) -> None:
                 orders = [per if args.lockstep else per[k % len(per):] + per[:k % len(per)] for k in range(n)]
-                await asyncio.gather(*(_session(url, order, rows, codec) for order in orders))
+                await asyncio.gather(*(_session(url, order, rows, codec, open_mic) for order in orders))
 
             for r in range(args.repeat):
                 if n == 1:  # clip by clip, each transport in turn, who goes first rotating

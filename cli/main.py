@@ -176,6 +176,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the audio's way: pcm (PCM16) or opus on the WebSocket, webrtc (POST /webrtc/offer, the "
                          "webrtc extra); several take turns clip round by clip round, one row each, with bytes per "
                          "second and the Opus codec's CPU")
+    bv.add_argument("--turn-end", choices=["client", "server"], default=None,
+                    help="how a WebSocket turn ends: client (input.end after the clip, as voxpipe ask) or server "
+                         "(silence after it, as a live microphone; the server's end-of-turn detection decides, as "
+                         "always over WebRTC); default server when --transport has webrtc, else client")
     bv.add_argument("--lang", nargs="+", default=None, metavar="CODE",
                     help="per spoken language (e.g. en de): the clips of --audio-dir in each through one server "
                          "with the multilingual ASR; a row each: WER of the final, detected language, reply in "

@@ -10,7 +10,7 @@ import numpy as np
 
 from audio.pcm import OPUS_RATES
 from audio.wav import write_wav
-from clients.turn import AskResult, Turn, opus_frames, pcm16_frames
+from clients.turn import AskResult, Turn, opus_frames, opus_silence, pcm16_frames
 
 BUSY_REASONS = {
     "queue": "the reply would miss the latency target",
@@ -124,7 +124,7 @@ async def ask(path: str, *, url: str, fast: bool = False, output_rate: int = 240
               timeout_s: float = 120.0, language: str | None = None,
               on_partial: Callable[[dict], None] | None = None,
               on_status: Callable[[dict], None] | None = None, token: str | None = None,
-              codec: str = "pcm") -> AskResult:
+              codec: str = "pcm", open_mic: bool = False) -> AskResult:
     """Stream ``path`` (any soundfile-readable file, sent as PCM16 at its own rate and
     channel count) at real-time pace (``fast``: as fast as the server's default budget
     allows, :data:`clients.turn.FAST_BURST_S`), send ``input.end``, and wait for the reply
@@ -133,7 +133,9 @@ async def ask(path: str, *, url: str, fast: bool = False, output_rate: int = 240
     with each ``server.status`` event (the server's service level changed: degraded or back
     to normal). ``token``: the server's bearer token, if it needs one. ``codec``: ``pcm``,
     or ``opus`` (the audio sent as Opus packets, the reply asked for in Opus: a fraction
-    of the bytes; a server without Opus answers ``error`` ``bad_event``).
+    of the bytes; a server without Opus answers ``error`` ``bad_event``). ``open_mic``:
+    after the file, silence at the same pace instead of ``input.end``, as a live microphone
+    (or a WebRTC track) sends: the server's end-of-turn detection ends the turn.
 
     A session refused by the server's session cap (HTTP 503, or close code 1013) comes back
     as ``busy`` with reason ``sessions``, like a refused turn.
@@ -178,9 +180,10 @@ async def ask(path: str, *, url: str, fast: bool = False, output_rate: int = 240
             if res.busy is None:
                 raise
             return res
-        turn = Turn(ws, output_rate=output_rate, on_partial=on_partial, on_status=on_status, opus_reply=opus)
+        turn = Turn(ws, output_rate=output_rate, on_partial=on_partial, on_status=on_status, opus_reply=opus,
+                    silence=opus_silence(rate) if opus and open_mic else None)
         try:
-            return await turn.run(frames, timeout_s=timeout_s, fast=fast)
+            return await turn.run(frames, timeout_s=timeout_s, fast=fast, then_silence=open_mic)
         except ConnectionClosed as exc:
             turn.result.busy = refused_session(exc)
             if turn.result.busy is None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import fractions
+import functools
 import json
 import math
 import random
@@ -25,14 +26,34 @@ import numpy as np
 from aiortc import RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from aiortc.rtp import is_rtcp
-from av import AudioFrame
+from av import AudioFrame, Packet
 
+from audio.opus import OpusEncoder
 from server.webrtc import jitter
 
 RATE = 48000
 FRAME = 960  # 20 ms at 48 kHz
 LOUD_RMS = 0.01
 """A received reply frame this loud (RMS, full scale 1) holds speech, not Opus's silence."""
+MIC_BITRATE = 64000
+"""The microphone's Opus bit rate (bit/s, mono at 48 kHz). 32 kb/s lost the high end of the
+words under the 5 % loss test (Whisper heard "America" for "Americans")."""
+
+
+def encode_clip(pcm: np.ndarray) -> list[bytes]:
+    """``pcm`` (int16 mono, 48 kHz) as 20 ms Opus packets (a fresh encoder, the last packet
+    padded with silence); none for an empty clip."""
+    if not len(pcm):
+        return []
+    enc = OpusEncoder(RATE, MIC_BITRATE)
+    n = -(-len(pcm) // FRAME) * FRAME
+    return enc.encode(np.pad(pcm, (0, n - len(pcm))).astype("<i2").tobytes()) + enc.flush()
+
+
+@functools.cache
+def _silence() -> bytes:
+    """One 20 ms Opus packet of silence (made once)."""
+    return encode_clip(np.zeros(FRAME, np.int16))[0]
 
 
 def post(url: str, body: bytes | str, headers: dict[str, str] | None = None) -> tuple[int, dict, str]:
@@ -50,9 +71,9 @@ def post(url: str, body: bytes | str, headers: dict[str, str] | None = None) -> 
 
 class ClipTrack(MediaStreamTrack):
     """A microphone that plays ``pcm`` (int16 mono at 48 kHz) once in real time, 20 ms a
-    frame, then silence; ``t0`` is the wall time (monotonic s) its first frame went out,
-    ``done_at`` the wall time its last clip frame did, ``sent_at`` each frame's (a busy
-    client's frames go out late: :meth:`spoken_at` counts that in).
+    packet, then silence; ``t0`` is the wall time (monotonic s) its first packet went out,
+    ``done_at`` the wall time its clip's last packet did, ``sent_at`` each packet's (a busy
+    client's packets go out late: :meth:`spoken_at` counts that in).
 
     It sends nothing until :meth:`start` (:meth:`RtcClient.connect` calls it once the
     ``events`` channel is open, so the server's DTLS is up and takes every packet): packets
@@ -61,17 +82,18 @@ class ClipTrack(MediaStreamTrack):
     by what was lost (up to a second was seen), putting a turn's end of speech, ``t0`` plus
     ``speech.stopped``'s ``audio_ms``, that much too early.
 
-    aiortc encodes the frames (its Opus at 96 kb/s): a mono 32 kb/s stream made here, though
-    cheaper, lost the high end of the words (Whisper heard "America" for "Americans" under
-    the 5 % loss test).
+    The clip is encoded before it plays (Opus, mono, :data:`MIC_BITRATE`) and the silence
+    after it is one made-once packet: a browser encodes on its own machine, but this client
+    shares the server's, and aiortc encoding each frame in its executor (with its level
+    measured in Python) took CPU the server's models waited for (docs/BENCHMARKS.md, issue 34).
     """
 
     kind = "audio"
 
     def __init__(self, pcm: np.ndarray) -> None:
         super().__init__()
-        self.pcm = pcm
-        self.pos = 0
+        self._packets = encode_clip(pcm)
+        self._k = 0  # the next packet of the clip
         self.t0: float | None = None
         self.done_at: float | None = None
         self.n = 0
@@ -79,15 +101,15 @@ class ClipTrack(MediaStreamTrack):
         self._started = asyncio.Event()
 
     def start(self) -> None:
-        """Let the track send (its clock, ``t0``, starts with its first frame)."""
+        """Let the track send (its clock, ``t0``, starts with its first packet)."""
         self._started.set()
 
     def play(self, pcm: np.ndarray) -> None:
         """Play ``pcm`` next (after what is left of the current clip)."""
-        self.pcm = np.concatenate([self.pcm[self.pos:], pcm])
-        self.pos, self.done_at = 0, None
+        self._packets = self._packets[self._k:] + encode_clip(pcm)
+        self._k, self.done_at = 0, None
 
-    async def recv(self) -> AudioFrame:
+    async def recv(self) -> Packet:  # aiortc sends a Packet as it is (no encoder of its own)
         if self.readyState != "live":
             raise MediaStreamError
         if self.t0 is None:
@@ -98,15 +120,17 @@ class ClipTrack(MediaStreamTrack):
         else:
             self.n += 1
             await asyncio.sleep(max(0.0, self.t0 + self.n * FRAME / RATE - time.monotonic()))
-        chunk = self.pcm[self.pos:self.pos + FRAME]
-        self.pos += len(chunk)
-        if self.pos >= len(self.pcm) and self.done_at is None and len(chunk):
-            self.done_at = time.monotonic()
-        frame = AudioFrame(format="s16", layout="mono", samples=FRAME)
-        frame.planes[0].update(np.pad(chunk, (0, FRAME - len(chunk))).astype("<i2").tobytes())
-        frame.pts, frame.sample_rate, frame.time_base = self.n * FRAME, RATE, fractions.Fraction(1, RATE)
+        if self._k < len(self._packets):
+            payload = self._packets[self._k]
+            self._k += 1
+            if self._k == len(self._packets):
+                self.done_at = time.monotonic()
+        else:
+            payload = _silence()
+        packet = Packet(payload)
+        packet.pts, packet.time_base = self.n * FRAME, fractions.Fraction(1, RATE)
         self.sent_at.append(time.monotonic())
-        return frame
+        return packet
 
     def spoken_at(self, audio_ms: float) -> float | None:
         """When the sample ``audio_ms`` into the track went out (monotonic s): its place

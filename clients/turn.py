@@ -55,6 +55,7 @@ class AskResult:
     reply_text: str = ""
     bytes_sent: int = 0  # binary payload bytes this turn sent (audio) and received (every reply's audio)
     bytes_received: int = 0
+    audio_sent_s: float = 0.0  # audio the turn sent (s): the file, and the silence after it with an open microphone
     reply_bytes: int = 0  # ... of the answered reply (``reply_audio``) alone
     reply_audio: list[np.ndarray] = field(default_factory=list)
     output_rate: int = 24000
@@ -195,6 +196,7 @@ class Turn:
             frame = frames[i] if i < len(frames) else silence
             await self.ws.send(frame)
             self.result.bytes_sent += len(frame)
+            self.result.audio_sent_s += FRAME_MS / 1000
             sent.append(time.perf_counter())
             if then_silence and i == len(frames) - 1:
                 marks["input_end"] = sent[-1]

@@ -249,8 +249,9 @@ def test_one_session_alternates_the_transports_clip_by_clip_and_rows_quote_the_t
 
     calls: list[tuple[str, str]] = []
 
-    async def session(url, clips, out, codec="pcm"):
+    async def session(url, clips, out, codec="pcm", open_mic=False):
         await asyncio.sleep(0)
+        assert open_mic  # WebRTC is compared: every transport's turns end by the server's detection
         for clip in clips:
             calls.append((codec, clip.name))
             server = {"pcm": 1000.0, "opus": 1100.0, "webrtc": 900.0}[codec]
@@ -270,3 +271,37 @@ def test_one_session_alternates_the_transports_clip_by_clip_and_rows_quote_the_t
     assert [(r["transport"], r["responses"]) for r in table] == [("pcm", 3), ("opus", 3), ("webrtc", 3)]
     assert all(r["transport_ms"] == (20.0, 20.0) for r in table)
     assert table[1]["client_voice_to_voice"] == (1120.0, 1120.0)
+
+
+def test_turns_end_by_the_server_when_webrtc_is_compared_unless_told():
+    from bench.voice_table import turn_end
+
+    assert turn_end(Namespace(transport=["pcm", "opus"])) == "client"
+    assert turn_end(Namespace(transport=["pcm", "webrtc"])) == "server"
+    assert turn_end(Namespace(transport=["pcm", "webrtc"], turn_end="client")) == "client"
+    assert turn_end(Namespace(transport=["pcm"], turn_end="server")) == "server"
+    assert turn_end(Namespace()) == "client"
+
+
+@pytest.mark.parametrize("codec", ["pcm", "opus"])
+async def test_ask_with_an_open_mic_sends_silence_and_the_server_ends_the_turn(tmp_path, codec):
+    """``open_mic``: after the file, silence at the same pace and no ``input.end``: the
+    server's end-of-turn detection ends the turn (as over WebRTC); the bytes per second
+    count the silence sent."""
+    import soundfile as sf
+
+    from clients.client import ask
+    from tests.fake_server import fake_server
+
+    rate = 16000
+    tone = 0.3 * np.sin(2 * np.pi * 220 * np.arange(rate) / rate)
+    path = tmp_path / "q.wav"
+    sf.write(path, np.concatenate([np.zeros(rate // 4), tone, np.zeros(rate // 10)]).astype(np.float32), rate,
+             subtype="PCM_16")
+    async with fake_server() as srv:
+        res = await ask(str(path), url=srv.ws, open_mic=True, codec=codec, timeout_s=60)
+    stopped = [e for e in res.events if e["type"] == "speech.stopped"]
+    assert stopped and all(e["reason"] != "input_end" for e in stopped), stopped
+    assert [e for e in res.events if e["type"] == "response.done"] and not res.errors
+    assert res.audio_sent_s > 1.35  # the file (1.35 s) and silence after it, until the reply was done
+    assert res.timings_ms.get("voice_to_voice") is not None

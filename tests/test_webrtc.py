@@ -26,6 +26,7 @@ import soxr
 from clients.rtc import RATE, RtcClient, post
 from pipeline import metrics
 from pipeline.config import ServerConfig, VoxpipeConfig
+from server.webrtc.tracks import SETTLE_FRAMES
 from tests.conftest import ROOT
 from tests.fake_server import fake_server
 from tests.fakes import Delta, FakeLlm, FakeTts, LlmReply, fake_engines
@@ -105,9 +106,11 @@ async def test_a_spoken_turn_and_a_typed_one_over_webrtc_and_the_session_ends_wi
         cancelled = (await c.wait_until(lambda: c.of("response.cancelled"), DEADLINE_S, "the cancel"))[0]
         assert cancelled["reason"] == "client"
         await asyncio.sleep(0.5)  # frames already on the way (Opus, jitter buffer) go by
-        quiet_from = time.monotonic()
+        quiet_from, frames = time.monotonic(), len(c.heard.times)
         await asyncio.sleep(0.6)
         assert c.heard.loud_s(quiet_from) == 0.0, "reply audio after its response.cancelled"
+        # between replies the track sends nothing (its settling frames at most), not 50 packets a second
+        assert len(c.heard.times) - frames <= SETTLE_FRAMES, len(c.heard.times) - frames
         assert srv.app.webrtc.peers and not [e for e in c.events if e["type"] == "error"], c.events
 
         sent, received = await c.bytes_moved()
@@ -249,6 +252,44 @@ async def test_the_microphone_sends_nothing_before_it_is_started_and_times_its_s
     assert mic.spoken_at(30.0) == pytest.approx(mic.t0 + 0.03 + max(0.0, mic.sent_at[1] - mic.t0 - 0.02))
     assert mic.spoken_at(50.0) == pytest.approx(mic.t0 + 0.05 + 0.5)
     mic.stop()
+
+
+async def test_the_reply_track_sends_nothing_between_replies_and_resumes_on_the_wall_clock():
+    """Discontinuous transmission: after a reply's last audio the track sends its settling
+    frames, then nothing until audio that may play is queued (a held reply's does not wake
+    it); the next packet comes at once, stamped with the wall clock's 20 ms tick, so the
+    timestamps jump over the quiet, and a stopped track ends a waiting ``recv``."""
+    from aiortc.mediastreams import MediaStreamError
+
+    from server.webrtc.tracks import FRAME_SAMPLES, SETTLE_FRAMES, ReplyTrack
+    from server.webrtc.types import TRACK_RATE
+
+    track = ReplyTrack()
+    tone = (0.3 * np.sin(2 * np.pi * 440 * np.arange(FRAME_SAMPLES * 3) / TRACK_RATE) * 32767).astype("<i2")
+    first = await track.recv()  # the stream's first packet: silence, then quiet
+    assert first.pts == 0
+    waiting = asyncio.ensure_future(track.recv())
+    await asyncio.sleep(0.3)
+    assert not waiting.done(), "a packet went out with nothing to play"
+    track.push(7, tone.tobytes())
+    track.hold(7, True)
+    track.push(8, b"")  # nothing: no wake-up either
+    await asyncio.sleep(0.1)
+    assert not waiting.done(), "a held reply's audio went out"
+    t = time.monotonic()
+    track.hold(7, False)
+    packet = await asyncio.wait_for(waiting, DEADLINE_S)
+    assert packet.pts >= int(0.38 * TRACK_RATE) and packet.pts % FRAME_SAMPLES == 0, packet.pts
+    assert packet.pts <= int((t - track._start + 0.02) * TRACK_RATE) + FRAME_SAMPLES  # the tick it resumed in
+    pts = [packet.pts] + [(await track.recv()).pts for _ in range(2 + SETTLE_FRAMES)]
+    assert pts == [pts[0] + k * FRAME_SAMPLES for k in range(len(pts))]  # then 20 ms apart, in real time
+    assert track.audio_frames == 3
+    waiting = asyncio.ensure_future(track.recv())  # settled: quiet again
+    await asyncio.sleep(0.1)
+    assert not waiting.done()
+    track.stop()
+    with pytest.raises(MediaStreamError):
+        await asyncio.wait_for(waiting, DEADLINE_S)
 
 
 def test_the_jitter_buffer_reorders_skips_only_what_was_lost_and_the_gaps_become_silence():

@@ -2,14 +2,19 @@
 received frames as the PCM16 the session is fed.
 
 :class:`ReplyTrack` is the outgoing ``MediaStreamTrack``: every 20 ms, paced on the wall clock
-like aiortc's own ``AudioStreamTrack``, it hands the sender one Opus packet — the next 20 ms of
-reply audio, or silence when there is none (a WebRTC track never pauses; Opus codes silence in
-a few bytes). It encodes the packets itself (mono, :data:`REPLY_BITRATE`, on the codec pool:
-:func:`audio.opus.run_codec`) and sends one made-once packet while it is quiet: given frames,
-aiortc encodes each at 96 kb/s stereo in its executor and measures its level in Python on the
-event loop, 50 times a second for the session's whole life, CPU that the models on a small
-machine wait for. A reply's first audio waits for the next 20 ms tick of the track's clock
-(10 ms on average): a continuous stream's timestamps leave it no earlier slot.
+like aiortc's own ``AudioStreamTrack``, it hands the sender one Opus packet of the next 20 ms
+of reply audio. It encodes the packets itself (mono, :data:`REPLY_BITRATE`, on the codec pool:
+:func:`audio.opus.run_codec`): given frames, aiortc encodes each at 96 kb/s stereo in its
+executor and measures its level in Python on the event loop.
+
+Between replies it sends nothing (discontinuous transmission, as Opus DTX, RFC 7587 §3.1.3):
+after a reply's last audio :data:`SETTLE_FRAMES` frames of silence go out, then the track waits
+until reply audio is queued, and its next packet carries the wall clock's timestamp, so the
+receiver's jitter buffer (a browser's NetEq, aiortc's) sees a gap in time, not a burst. A
+stream of silence packets 50 times a second for the session's whole life cost both peers
+CPU — a sender wake-up, RTP, SRTP and a send here, a receive, decode and playout there — that
+the models on a small machine wait for (docs/BENCHMARKS.md, issue 34), and a reply's first
+audio no longer waits for the next 20 ms tick of a running stream.
 
 The session's Responder already paces reply audio at most ``playback_lead_s`` (1 s) ahead
 of real time, so the queue stays short; a cancelled reply's
@@ -50,14 +55,18 @@ REPLY_BITRATE = 32000
 SETTLE_FRAMES = 5
 """After a reply's last audio, this many frames of silence still go through the encoder (its
 lookahead's tail, and its state settling to silence as the receiver's decoder does) before
-the track sends its made-once silence packet."""
+the track goes quiet."""
+MAX_LATE_S = 1.0
+"""A frame due this long ago or more (the loop stalled) is not caught up on: the track's clock
+moves on to now, its timestamps still rising."""
 _TIME_BASE = fractions.Fraction(1, TRACK_RATE)
 _SILENCE = bytes(FRAME_BYTES)
 _silence_packet: bytes | None = None
 
 
 def silence_packet() -> bytes:
-    """One 20 ms Opus packet of silence at 48 kHz (made once)."""
+    """One 20 ms Opus packet of silence at 48 kHz (made once): sent when the encoder has
+    no packet yet (its first frames)."""
     global _silence_packet
     if _silence_packet is None:
         _silence_packet = OpusEncoder(TRACK_RATE, REPLY_BITRATE).encode(_SILENCE)[0]
@@ -66,7 +75,8 @@ def silence_packet() -> bytes:
 
 class ReplyTrack(MediaStreamTrack):
     """The reply audio as an aiortc audio track: PCM16 mono at :data:`~.types.TRACK_RATE` in,
-    one 20 ms Opus packet per :meth:`recv` out, silence when nothing is queued.
+    one 20 ms Opus packet per :meth:`recv` out; between replies :meth:`recv` waits (module
+    docstring).
 
     Attributes:
         frames, audio_frames: frames handed out, and those that held reply audio.
@@ -83,6 +93,7 @@ class ReplyTrack(MediaStreamTrack):
         self._pts = 0
         self._encoder = OpusEncoder(TRACK_RATE, REPLY_BITRATE)
         self._quiet = SETTLE_FRAMES  # frames of silence since the last audio
+        self._audio = asyncio.Event()  # set when audio that may play is queued (or the track stops)
         self.frames = self.audio_frames = 0
 
     @property
@@ -98,6 +109,8 @@ class ReplyTrack(MediaStreamTrack):
             return
         self._queue.append((response_id, pcm16))
         self._queued += len(pcm16)
+        if response_id not in self._held:
+            self._audio.set()
         while self._queued > MAX_QUEUED_S * TRACK_RATE * 2 and len(self._queue) > 1:
             self._queued -= len(self._queue.popleft()[1])
 
@@ -111,6 +124,8 @@ class ReplyTrack(MediaStreamTrack):
     def hold(self, response_id: int, held: bool) -> None:
         """Hold back reply ``response_id``'s audio (paused), or let it play on (resumed)."""
         (self._held.add if held else self._held.discard)(response_id)
+        if not held and any(rid == response_id for rid, _ in self._queue):
+            self._audio.set()
 
     def clear(self) -> None:
         """Drop everything queued (a new ``session.start``: the old replies are gone)."""
@@ -140,9 +155,30 @@ class ReplyTrack(MediaStreamTrack):
         self.audio_frames += 1
         return bytes(out) + _SILENCE[len(out):]
 
+    def stop(self) -> None:
+        super().stop()
+        self._audio.set()  # a recv waiting for audio ends
+
+    def _playable(self) -> bool:
+        """Audio of a reply not held is queued."""
+        return any(rid not in self._held for rid, _ in self._queue)
+
+    async def _until_audio(self) -> None:
+        """Wait until audio that may play is queued (or the track stops)."""
+        while not self._playable() and self.readyState == "live":
+            self._audio.clear()
+            await self._audio.wait()
+
+    def _tick(self, now: float) -> int:
+        """The track's timestamp (samples) of the 20 ms tick ``now`` falls in."""
+        assert self._start is not None
+        return int((now - self._start) * TRACK_RATE) // FRAME_SAMPLES * FRAME_SAMPLES
+
     async def recv(self) -> Packet:  # aiortc sends a Packet as it is (no encoder of its own)
         """The next 20 ms Opus packet, due :data:`~.types.FRAME_S` after the previous one on
-        the wall clock (late ones come at once: the sender catches up).
+        the wall clock (late ones come at once: the sender catches up, up to
+        :data:`MAX_LATE_S`); while quiet, the first packet of the next reply audio, as soon
+        as it is queued, at the wall clock's timestamp.
 
         Raises:
             MediaStreamError: the track was stopped.
@@ -154,16 +190,20 @@ class ReplyTrack(MediaStreamTrack):
             self._start = now
         else:
             self._pts += FRAME_SAMPLES
+            if self._quiet >= SETTLE_FRAMES and not self._playable():  # quiet: nothing goes out
+                await self._until_audio()
+                if self.readyState != "live":
+                    raise MediaStreamError
+                now = time.monotonic()
+                self._pts = max(self._pts, self._tick(now))
             wait = self._start + self._pts / TRACK_RATE - now
             if wait > 0:
                 await asyncio.sleep(wait)
-            elif wait < -1.0:  # the loop stalled over a second: start the clock again, no burst
-                self._start, self._pts = now, 0
+            elif wait < -MAX_LATE_S:  # the loop stalled: on from now, no burst, timestamps still rising
+                self._pts = self._tick(now)
         pcm = self._next_pcm()
         self._quiet = self._quiet + 1 if pcm is _SILENCE else 0
-        payload = None
-        if self._quiet <= SETTLE_FRAMES:
-            payload = next(iter(await run_codec(self._encoder.encode, pcm)), None)
+        payload = next(iter(await run_codec(self._encoder.encode, pcm)), None)
         packet = Packet(payload or silence_packet())
         packet.pts = self._pts
         packet.time_base = _TIME_BASE
