@@ -26,6 +26,7 @@ import soxr
 from clients.rtc import RATE, RtcClient, post
 from pipeline import metrics
 from pipeline.config import ServerConfig, VoxpipeConfig
+from server.webrtc.jitter import InlineDecoding
 from server.webrtc.tracks import SETTLE_FRAMES
 from tests.conftest import ROOT
 from tests.fake_server import fake_server
@@ -90,8 +91,11 @@ async def test_a_spoken_turn_and_a_typed_one_over_webrtc_and_the_session_ends_wi
         assert started[0]["input"] == {"sample_rate": 48000, "format": "pcm16", "channels": 2}, started
         assert started[0]["output"] == {"sample_rate": 48000, "format": "pcm16", "channels": 1}, started
         assert srv.app.sessions == 1 and len(srv.app.webrtc.peers) == 1
+        receiver = next(t.receiver for t in next(iter(srv.app.webrtc.peers)).pc.getTransceivers() if t.kind == "audio")
+        inline = receiver._RTCRtpReceiver__decoder_queue  # the microphone decoded on the loop, not in a thread
+        assert isinstance(inline, InlineDecoding), inline
         done = (await c.wait_until(lambda: c.of("response.done"), DEADLINE_S, "the reply"))[0]
-        assert c.of("transcript.final")[0]["text"].strip()
+        assert c.of("transcript.final")[0]["text"].strip() and inline.frames > 0
         rid = done["response_id"]
         begun = c.at(c.of("response.started")[0])
         await c.wait_until(lambda: c.heard.loud_s(begun) >= 0.8 * done["audio_s"], DEADLINE_S, "the reply heard")
@@ -290,6 +294,38 @@ async def test_the_reply_track_sends_nothing_between_replies_and_resumes_on_the_
     track.stop()
     with pytest.raises(MediaStreamError):
         await asyncio.wait_for(waiting, DEADLINE_S)
+
+
+async def test_received_packets_are_decoded_on_the_loop_and_a_corrupt_one_is_skipped():
+    """:class:`~server.webrtc.jitter.InlineDecoding` in place of aiortc's decoder queue: each
+    Opus frame becomes a 48 kHz frame on the track's queue as it is put; a corrupt packet is
+    counted and skipped (the next decodes); the end reaches the track and frees the thread
+    aiortc started."""
+    import threading
+    from types import SimpleNamespace
+
+    from aiortc import RTCRtpCodecParameters
+    from aiortc.jitterbuffer import JitterFrame
+
+    from audio.opus import OpusEncoder
+    from server.webrtc.jitter import InlineDecoding
+
+    receiver = SimpleNamespace(_track=SimpleNamespace(_queue=asyncio.Queue()))
+    inline = InlineDecoding(receiver)
+    thread = threading.Thread(target=inline.get)
+    thread.start()
+    opus = RTCRtpCodecParameters(mimeType="audio/opus", clockRate=48000, channels=2, payloadType=111)
+    packets = OpusEncoder(RATE, 32000).encode(tone_clip(0.1, 0.0, 0.0).tobytes())
+    inline.put((opus, JitterFrame(data=packets[0], timestamp=0)))
+    inline.put((opus, JitterFrame(data=b"\xff" * 3, timestamp=960)))  # not Opus
+    inline.put((opus, JitterFrame(data=packets[1], timestamp=1920)))
+    queue = receiver._track._queue
+    frames = [queue.get_nowait() for _ in range(queue.qsize())]
+    assert [f.sample_rate for f in frames] == [48000, 48000] and inline.errors == 1
+    inline.put(None)
+    assert queue.get_nowait() is None
+    thread.join(DEADLINE_S)
+    assert not thread.is_alive()
 
 
 def test_the_jitter_buffer_reorders_skips_only_what_was_lost_and_the_gaps_become_silence():

@@ -11,15 +11,19 @@ place), then skips it: only the packets the network lost are missing, for 40 ms 
 gaps it leaves are filled with silence by :class:`~server.webrtc.tracks.FrameConverter`, so the
 session's clock keeps time.
 
-It replaces the receiver's private buffer (:func:`install`); an aiortc without that attribute
-keeps its own, with a warning.
+It replaces the receiver's private buffer (:func:`install`), and :class:`InlineDecoding` its
+decoder thread's queue; an aiortc without those attributes keeps its own, with a warning for
+the buffer.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
+import av
+from aiortc.codecs import get_decoder
 from aiortc.jitterbuffer import JitterFrame
 from aiortc.rtp import RtpPacket
 
@@ -34,6 +38,7 @@ RESTART_GAP = 3000
 """A sequence number this far from the expected one (60 s of 20 ms packets) starts afresh (a
 new stream, not loss)."""
 _PRIVATE = "_RTCRtpReceiver__jitter_buffer"
+_DECODER_QUEUE = "_RTCRtpReceiver__decoder_queue"
 
 
 class AudioJitterBuffer:
@@ -88,6 +93,46 @@ class AudioJitterBuffer:
         self._next = ext
 
 
+class InlineDecoding:
+    """Stands in for an aiortc receiver's decoder queue (:func:`install`): each frame put is
+    decoded at once, on the event loop, and its samples go to the receiver's track. A 20 ms
+    Opus packet decodes in a fraction of a millisecond; handing it to aiortc's decoder thread
+    and the frame back woke two threads per packet, 50 times a second, for CPU that the
+    models on a small machine waited for (docs/BENCHMARKS.md, issue 34). The decoder thread
+    aiortc still starts waits in :meth:`get` until the receiver stops."""
+
+    def __init__(self, receiver: Any) -> None:
+        self._receiver = receiver
+        self._decoder: Any = None
+        self._codec: str | None = None
+        self._stopped = threading.Event()
+        self.frames = self.errors = 0
+
+    def put(self, task: tuple[Any, Any] | None) -> None:
+        """Decode ``(codec, encoded frame)`` onto the track's queue; None: the end."""
+        queue = self._receiver._track._queue
+        if task is None:
+            queue.put_nowait(None)
+            self._stopped.set()
+            return
+        codec, encoded = task
+        if codec.name != self._codec:
+            self._decoder, self._codec = get_decoder(codec), codec.name
+        try:
+            frames = self._decoder.decode(encoded)
+        except av.FFmpegError as exc:  # its state kept, as aiortc's thread does
+            self.errors += 1
+            logger.warning("WebRTC: could not decode a %s frame: %s", codec.name, exc)
+            return
+        for frame in frames:
+            self.frames += 1
+            queue.put_nowait(frame)
+
+    def get(self) -> None:
+        """aiortc's decoder thread: nothing to do until the receiver stops."""
+        self._stopped.wait()
+
+
 def install(receiver: Any) -> AudioJitterBuffer | None:
     """Give aiortc audio ``receiver`` an :class:`AudioJitterBuffer` (before its first packet);
     None (and a warning) where this aiortc keeps its buffer elsewhere."""
@@ -97,4 +142,6 @@ def install(receiver: Any) -> AudioJitterBuffer | None:
         return None
     buffer = AudioJitterBuffer()
     setattr(receiver, _PRIVATE, buffer)
+    if hasattr(receiver, _DECODER_QUEUE) and hasattr(receiver, "_track"):
+        setattr(receiver, _DECODER_QUEUE, InlineDecoding(receiver))
     return buffer

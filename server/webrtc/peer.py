@@ -13,9 +13,10 @@ never connects (:data:`~server.webrtc.types.CONNECT_TIMEOUT_S`).
 The same limits as ``/ws`` hold: the server's session cap (the endpoint reserves the slot),
 the client's audio and text budgets (:class:`~server.budget.ClientBudget`; a UDP sender
 cannot be slowed by not reading, so audio over the budget is dropped, not waited for), the
-idle timeout and the slow-client rule. aiortc decodes and encodes Opus off the event loop
-(a decoder thread per receiver, the default executor for the encoder); ICE, DTLS, SRTP and
-SCTP run on it.
+idle timeout and the slow-client rule. The microphone's Opus packets are decoded on the
+event loop as they come out of the jitter buffer (:class:`~server.webrtc.jitter.InlineDecoding`:
+cheaper than aiortc's hand-off to a decoder thread and back), the reply's encoded on the codec
+pool (:class:`~server.webrtc.tracks.ReplyTrack`); ICE, DTLS, SRTP and SCTP run on the loop.
 """
 
 from __future__ import annotations
