@@ -82,6 +82,12 @@ def main(args: argparse.Namespace) -> int:
               f"{100 * row['within_slo']:.0f} % | {row['max_v2v']:.0f} | " + " | ".join(cells) + " |")
     if "opus" in (getattr(args, "transport", None) or []):
         print(codec_cpu_line(clips))
+    idle = [r for r in table if "idle_server_cpu_ms_per_s" in r and r["sessions"] == table[0]["sessions"]]
+    if idle:
+        from bench.transport_cpu import IdleCpu, idle_cpu_lines
+
+        print("\n".join(idle_cpu_lines([IdleCpu(r["transport"], r["idle_server_cpu_ms_per_s"],
+                                                 r["idle_client_cpu_ms_per_s"]) for r in idle], args.idle_cpu_s)))
     return 0
 
 

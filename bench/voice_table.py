@@ -170,7 +170,9 @@ def single_turn_table(args: argparse.Namespace, clips: list[Path], extra: list[s
         one dict per sessions value and transport (``getattr(args, "transport", ["pcm"])``):
         ``sessions``, ``transport``, ``responses``, ``busy``, ``within_slo`` (share of answered
         turns with client voice-to-voice <= ``args.slo_ms``), ``max_v2v`` (ms) and (p50, p95)
-        of each of :data:`ROW_KEYS` (ms; ``tts_rtf`` unitless; bytes per second of audio).
+        of each of :data:`ROW_KEYS` (ms; ``tts_rtf`` unitless; bytes per second of audio);
+        with ``args.idle_cpu_s``, also ``idle_server_cpu_ms_per_s`` and
+        ``idle_client_cpu_ms_per_s`` (:mod:`bench.transport_cpu`, measured after the turns).
 
     Raises:
         RuntimeError: the server exited or was not ready in 600 s.
@@ -200,6 +202,15 @@ def single_turn_table(args: argparse.Namespace, clips: list[Path], extra: list[s
                         asyncio.run(run(n, clips, rows[t], t))
             for t in transports:
                 table.append(_row(n, t, rows[t], args.slo_ms))
+        idle_s = getattr(args, "idle_cpu_s", 0.0) or 0.0
+        if idle_s > 0:
+            from bench.transport_cpu import idle_cpu
+
+            for idle in idle_cpu(url, proc.pid, transports, seconds=idle_s):
+                for row in table:
+                    if row["transport"] == idle.transport:
+                        row["idle_server_cpu_ms_per_s"] = idle.server_ms_per_s
+                        row["idle_client_cpu_ms_per_s"] = idle.client_ms_per_s
     finally:
         stop_server(proc)
     return table

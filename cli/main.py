@@ -180,6 +180,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="how a WebSocket turn ends: client (input.end after the clip, as voxpipe ask) or server "
                          "(silence after it, as a live microphone; the server's end-of-turn detection decides, as "
                          "always over WebRTC); default server when --transport has webrtc, else client")
+    bv.add_argument("--idle-cpu-s", type=float, default=0.0, metavar="S",
+                    help="after the turns, one idle session per --transport for S seconds: the server's and the "
+                         "client's CPU per second (what the transport costs with the models idle; 0: skip)")
     bv.add_argument("--lang", nargs="+", default=None, metavar="CODE",
                     help="per spoken language (e.g. en de): the clips of --audio-dir in each through one server "
                          "with the multilingual ASR; a row each: WER of the final, detected language, reply in "

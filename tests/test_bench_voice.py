@@ -305,3 +305,20 @@ async def test_ask_with_an_open_mic_sends_silence_and_the_server_ends_the_turn(t
     assert [e for e in res.events if e["type"] == "response.done"] and not res.errors
     assert res.audio_sent_s > 1.35  # the file (1.35 s) and silence after it, until the reply was done
     assert res.timings_ms.get("voice_to_voice") is not None
+
+
+def test_idle_cpu_opens_one_silent_session_per_transport_and_reads_both_processes(capsys):
+    """``--idle-cpu-s``: each transport's session opens, streams silence and is measured in
+    turn (a fake server in this process: server and client are the same process here), and
+    the table prints a row each."""
+    import os
+
+    from bench.transport_cpu import idle_cpu, idle_cpu_lines
+    from tests.fake_server import fake_server_thread
+
+    with fake_server_thread() as srv:
+        rows = idle_cpu(srv.ws, os.getpid(), ["pcm", "opus", "webrtc"], seconds=0.5, lead_s=0.2)
+    assert [r.transport for r in rows] == ["pcm", "opus", "webrtc"]
+    assert all(r.server_ms_per_s > 0 and r.server_ms_per_s == r.client_ms_per_s for r in rows), rows
+    lines = idle_cpu_lines(rows, 0.5)
+    assert len(lines) == 6 and lines[-1].startswith("| webrtc | ")
