@@ -19,6 +19,7 @@ import asyncio
 import json
 import re
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -147,7 +148,7 @@ async def _session(url: str, input_device, output_device, console: Console, toke
             console.say("listening — speak; Ctrl+C to quit")
             console.state(LISTENING)
             await _converse(ws, player, mic_q, console, stop, ConnectionClosed, wire,
-                            asked_rule=(turn or {}).get("end_of_turn"))
+                            asked_rule=(turn or {}).get("end_of_turn"), reply_ends=control[0].reply_ends)
         finally:
             console.close()
             for close in ([] if mic is None else [mic.stop, mic.close]) + [player.close]:
@@ -158,9 +159,12 @@ async def _session(url: str, input_device, output_device, console: Console, toke
 
 
 async def _converse(ws, player, mic_q: asyncio.Queue[bytes], console: Console, stop: asyncio.Event,
-                    closed_exc: type[BaseException], wire: Wire, *, asked_rule: str | None = None) -> None:
+                    closed_exc: type[BaseException], wire: Wire, *, asked_rule: str | None = None,
+                    reply_ends: Callable[[float], None] | None = None) -> None:
     """The conversation: mic frames out, events and audio in, the view kept in step.
-    ``asked_rule``: the ``end_of_turn`` asked for (the user hears if the server has another)."""
+    ``asked_rule``: the ``end_of_turn`` asked for (the user hears if the server has another);
+    ``reply_ends``: told, when a reply with audio has all arrived, how much of the speaker's
+    audio is still to play (s: :meth:`clients.echo.EchoControl.reply_ends`)."""
     replies: dict[int, ReplyView] = {}
     # the latest final turn id, the reply being played, whether the user is speaking
     state: dict = {"turn": None, "reply": None, "user": False}
@@ -298,6 +302,8 @@ async def _converse(ws, player, mic_q: asyncio.Queue[bytes], console: Console, s
                     if state["reply"] is r:
                         state["reply"] = None
                         console.state(LISTENING)
+                elif reply_ends is not None and not r.dropped:
+                    reply_ends(player.pending / player.sample_rate)
             elif kind == "response.cancelled":
                 r = replies.get(ev["response_id"])
                 if r is not None and not r.finished:
