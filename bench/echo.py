@@ -236,21 +236,35 @@ def _clip_dbfs(path: Path) -> float:
     return float(20 * np.log10(np.sqrt(np.mean(np.square(data))) + 1e-9))
 
 
+def over_headphones(rs: list[Run], runs: list[Run]) -> list[float]:
+    """Each of ``rs``'s first-reply v2v minus the headphones runs' (of ``runs``) median v2v
+    on the same question clip (ms), for the runs whose clip has one: a row's clips differ
+    from the headphones row's, and a clip's reply sets most of its v2v."""
+    phones: dict[str, list[float]] = {}
+    for r in runs:
+        if r.leak_db is None and r.v2v_ms is not None:
+            phones.setdefault(r.clip, []).append(r.v2v_ms)
+    return [r.v2v_ms - statistics.median(phones[r.clip]) for r in rs if r.v2v_ms is not None and r.clip in phones]
+
+
 def format_table(runs: list[Run]) -> str:
-    """One row per (leak, echo mode): sums over its runs and the v2v p50 (max)."""
+    """One row per (leak, echo mode): sums over its runs, the v2v p50 (max), and the p50 of
+    :func:`over_headphones` (with how many runs had a headphones run of their clip)."""
     head = ["leak dB", "echo", "runs", "heard", "self-cut replies", "self-answered turns", "leaked words",
-            "barge-in cut", "first-reply v2v p50 (max) ms", "errors"]
+            "barge-in cut", "first-reply v2v p50 (max) ms", "v2v − headphones, same clip, p50 ms (n)", "errors"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     keys = list(dict.fromkeys((r.leak_db, r.echo) for r in runs))
     for leak_db, echo in keys:
         rs = [r for r in runs if (r.leak_db, r.echo) == (leak_db, echo)]
         v2v = [r.v2v_ms for r in rs if r.v2v_ms is not None]
         tried = [r for r in rs if r.barge_in is not None]
+        over = over_headphones(rs, runs) if leak_db is not None else []
         lines.append("| " + " | ".join([
             "none (headphones)" if leak_db is None else f"{leak_db:g}", echo, str(len(rs)),
             str(sum(r.heard for r in rs)), str(sum(r.self_cut for r in rs)), str(sum(r.self_answered for r in rs)),
             str(sum(r.leaked_words for r in rs)), f"{sum(bool(r.barge_in) for r in tried)}/{len(tried)}",
             f"{statistics.median(v2v):.0f} ({max(v2v):.0f})" if v2v else "-",
+            f"{statistics.median(over):+.0f} ({len(over)})" if over else "-",
             str(sum(bool(r.error) for r in rs))]) + " |")
     return "\n".join(lines)
 

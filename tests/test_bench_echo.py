@@ -57,8 +57,9 @@ def test_the_table_sums_each_level_and_the_options_parse():
             Run(0.0, "auto", "b", heard=True, self_cut=1, leaked_words=2, barge_in=False, v2v_ms=1100),
             Run(None, "off", "a", heard=True, barge_in=True, v2v_ms=850)]
     table = format_table(runs).splitlines()
-    assert table[2] == "| 0 | auto | 2 | 2 | 1 | 0 | 2 | 1/2 | 1000 (1100) | 0 |"
-    assert table[3] == "| none (headphones) | off | 1 | 1 | 0 | 0 | 0 | 1/1 | 850 (850) | 0 |"
+    # clip b has no headphones run: only a's +50 is paired
+    assert table[2] == "| 0 | auto | 2 | 2 | 1 | 0 | 2 | 1/2 | 1000 (1100) | +50 (1) | 0 |"
+    assert table[3] == "| none (headphones) | off | 1 | 1 | 0 | 0 | 0 | 1/1 | 850 (850) | - | 0 |"
     args = build_parser().parse_args(["bench", "echo", "--runs", "2", "--leak-db", "-20"])
     assert (args.runs, args.leak_db, args.echo) == (2, "-20", "auto")
 
