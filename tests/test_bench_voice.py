@@ -317,8 +317,11 @@ def test_idle_cpu_opens_one_silent_session_per_transport_and_reads_both_processe
     from tests.fake_server import fake_server_thread
 
     with fake_server_thread() as srv:
-        rows = idle_cpu(srv.ws, os.getpid(), ["pcm", "opus", "webrtc"], seconds=0.5, lead_s=0.2)
+        rows = idle_cpu(srv.ws, os.getpid(), ["pcm", "opus", "webrtc"], seconds=1.0, lead_s=0.2)
     assert [r.transport for r in rows] == ["pcm", "opus", "webrtc"]
-    assert all(r.server_ms_per_s > 0 and r.server_ms_per_s == r.client_ms_per_s for r in rows), rows
-    lines = idle_cpu_lines(rows, 0.5)
+    # CPU time comes in 10 ms ticks (and the two reads of this one process are a tick apart at
+    # most): one light second may read 0, three streaming ones do not
+    assert all(r.server_ms_per_s >= 0 and abs(r.server_ms_per_s - r.client_ms_per_s) <= 25 for r in rows), rows
+    assert sum(r.server_ms_per_s for r in rows) > 0, rows
+    lines = idle_cpu_lines(rows, 1.0)
     assert len(lines) == 6 and lines[-1].startswith("| webrtc | ")
