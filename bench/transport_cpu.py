@@ -1,4 +1,5 @@
-"""What one open session costs in CPU per transport while nobody talks (issue 34).
+"""What the transports cost in CPU (issue 34): the Opus codec per session (:func:`codec_cpu_line`)
+and one open session per transport while nobody talks (:func:`idle_cpu`).
 
 One connected session per transport in turn — PCM16 or Opus on ``/ws`` (48 kHz, 20 ms frames
 of silence at real-time pace, as an open microphone sends) or WebRTC (``POST /webrtc/offer``:
@@ -15,10 +16,12 @@ A measurement, not a test: run it on an otherwise idle machine.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import psutil
 
@@ -123,3 +126,41 @@ def idle_cpu_lines(rows: list[IdleCpu], seconds: float) -> list[str]:
            "| transport | server | client |", "|---|---|---|"]
     out += [f"| {r.transport} | {r.server_ms_per_s:.0f} | {r.client_ms_per_s:.0f} |" for r in rows]
     return out
+
+
+def codec_cpu_line(clips: list[Path]) -> str:
+    """The Opus codec's CPU per session, measured here on ``clips``: the server decoding the
+    user's Opus (48 kHz packets → 16 kHz) and encoding a reply (24 kHz → packets), one thread,
+    as CPU milliseconds per second of audio (= thousandths of a core while audio flows)."""
+    from audio.opus import OpusDecoder, OpusEncoder
+    from audio.pcm import float_to_pcm16, resample
+    from audio.wav import read_mono
+    from clients.turn import opus_frames
+
+    audio_s, dec_s, enc_s = 0.0, 0.0, 0.0
+    for clip in clips:
+        packets, _, _ = opus_frames(str(clip))
+        x, sr = read_mono(clip)
+        pcm24 = float_to_pcm16(resample(x, sr, 24000))
+        audio_s += len(x) / sr
+        t = time.process_time()
+        OpusDecoder().decode(packets)
+        dec_s += time.process_time() - t
+        t = time.process_time()
+        enc = OpusEncoder(24000)
+        enc.encode(pcm24)
+        enc.flush()
+        enc_s += time.process_time() - t
+    return (f"Opus codec CPU per session (this machine, one thread, {audio_s:.0f} s of speech): decode "
+            f"{1000 * dec_s / audio_s:.1f} ms and encode {1000 * enc_s / audio_s:.1f} ms per second of audio")
+
+
+def print_transport_cpu(args: argparse.Namespace, clips: list[Path], table: list[dict]) -> None:
+    """After ``bench voice``'s table: the Opus codec's CPU when Opus was compared, and each
+    transport's idle session CPU when ``--idle-cpu-s`` measured it."""
+    if "opus" in (getattr(args, "transport", None) or []):
+        print(codec_cpu_line(clips))
+    idle = [r for r in table if "idle_server_cpu_ms_per_s" in r and r["sessions"] == table[0]["sessions"]]
+    if idle:
+        print("\n".join(idle_cpu_lines([IdleCpu(r["transport"], r["idle_server_cpu_ms_per_s"],
+                                                 r["idle_client_cpu_ms_per_s"]) for r in idle], args.idle_cpu_s)))

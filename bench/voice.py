@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from bench.common import TurnRow, english_clips, jsonable, turn_row
 from bench.server import free_port, start_server, stop_server
+from bench.transport_cpu import print_transport_cpu
 from bench.voice_table import single_turn_table, turn_end
 from bench.voice_variants import variants_main
 
@@ -80,42 +81,8 @@ def main(args: argparse.Namespace) -> int:
                  for k in keys]
         print(f"| {row['sessions']} | {row['transport']} | {row['responses']} | {row['busy']} | "
               f"{100 * row['within_slo']:.0f} % | {row['max_v2v']:.0f} | " + " | ".join(cells) + " |")
-    if "opus" in (getattr(args, "transport", None) or []):
-        print(codec_cpu_line(clips))
-    idle = [r for r in table if "idle_server_cpu_ms_per_s" in r and r["sessions"] == table[0]["sessions"]]
-    if idle:
-        from bench.transport_cpu import IdleCpu, idle_cpu_lines
-
-        print("\n".join(idle_cpu_lines([IdleCpu(r["transport"], r["idle_server_cpu_ms_per_s"],
-                                                 r["idle_client_cpu_ms_per_s"]) for r in idle], args.idle_cpu_s)))
+    print_transport_cpu(args, clips, table)
     return 0
-
-
-def codec_cpu_line(clips: list[Path]) -> str:
-    """The Opus codec's CPU per session, measured here on ``clips``: the server decoding the
-    user's Opus (48 kHz packets → 16 kHz) and encoding a reply (24 kHz → packets), one thread,
-    as CPU milliseconds per second of audio (= thousandths of a core while audio flows)."""
-    from audio.opus import OpusDecoder, OpusEncoder
-    from audio.pcm import float_to_pcm16, resample
-    from audio.wav import read_mono
-    from clients.turn import opus_frames
-
-    audio_s, dec_s, enc_s = 0.0, 0.0, 0.0
-    for clip in clips:
-        packets, _, _ = opus_frames(str(clip))
-        x, sr = read_mono(clip)
-        pcm24 = float_to_pcm16(resample(x, sr, 24000))
-        audio_s += len(x) / sr
-        t = time.process_time()
-        OpusDecoder().decode(packets)
-        dec_s += time.process_time() - t
-        t = time.process_time()
-        enc = OpusEncoder(24000)
-        enc.encode(pcm24)
-        enc.flush()
-        enc_s += time.process_time() - t
-    return (f"Opus codec CPU per session (this machine, one thread, {audio_s:.0f} s of speech): decode "
-            f"{1000 * dec_s / audio_s:.1f} ms and encode {1000 * enc_s / audio_s:.1f} ms per second of audio")
 
 
 # ---- multi-turn mode: one connection per session, the history grows turn by turn ----------
