@@ -29,6 +29,7 @@ from aiortc.rtp import is_rtcp
 from av import AudioFrame, Packet
 
 from audio.opus import OpusEncoder
+from clients.turn import opus_silence
 from server.webrtc import jitter
 
 RATE = 48000
@@ -41,19 +42,18 @@ words under the 5 % loss test (Whisper heard "America" for "Americans")."""
 
 
 def encode_clip(pcm: np.ndarray) -> list[bytes]:
-    """``pcm`` (int16 mono, 48 kHz) as 20 ms Opus packets (a fresh encoder, the last packet
-    padded with silence); none for an empty clip."""
+    """``pcm`` (int16 mono, 48 kHz) as 20 ms Opus packets (a fresh encoder; ``flush`` pads
+    the last packet with silence); none for an empty clip."""
     if not len(pcm):
         return []
     enc = OpusEncoder(RATE, MIC_BITRATE)
-    n = -(-len(pcm) // FRAME) * FRAME
-    return enc.encode(np.pad(pcm, (0, n - len(pcm))).astype("<i2").tobytes()) + enc.flush()
+    return enc.encode(pcm.astype("<i2").tobytes()) + enc.flush()
 
 
 @functools.cache
 def _silence() -> bytes:
     """One 20 ms Opus packet of silence (made once)."""
-    return encode_clip(np.zeros(FRAME, np.int16))[0]
+    return opus_silence(RATE)
 
 
 def post(url: str, body: bytes | str, headers: dict[str, str] | None = None) -> tuple[int, dict, str]:
