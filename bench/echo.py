@@ -11,15 +11,19 @@ cold every time, as on a new session). A run:
 2. waits for the reply to end (its latency line, or an interruption), then listens
    ``--quiet-s`` more;
 3. plays another question, waits until its reply is playing, 2.5 s more (past the merge window),
-   then a human voice ``--human-over-db`` over the leaked reply level, and waits for the reply
-   to be cut.
+   then a human voice ``--human-over-db`` over the leaked reply level, and waits for that reply
+   to end (:func:`barge_in`). A reply that ended before the voice began, or less than
+   :data:`OVERLAP_S` after, was too short to be cut: the run asks the next question and
+   tries again, up to :data:`BARGE_TRIES` questions.
 
-Per run it counts: replies cut before step 3 (the assistant's own voice cut it: ``self-cut``),
+Per run it counts: replies cut with no human talking (the assistant's own voice cut it: ``self-cut``),
 ``you:`` turns beyond the questions (``self-answered``), the words of the first ``you:`` line
 that the reply said and the speaker did not (``leaked words``, :func:`leaked`), whether the
-human cut the second reply, and the first reply's voice-to-voice delay as heard in the room
-(:func:`heard_v2v_ms`). A last row runs ``--headphones-runs`` with
-``--echo off`` and no leak at all. The rows take turns, run by run (:func:`run_plan`).
+human cut the reply it talked over, and the first reply's voice-to-voice delay as heard in
+the room (:func:`heard_v2v_ms`) and as the server measured it (its latency line). A last row
+runs ``--headphones-runs`` with ``--echo off`` and no leak at all; ``--controls`` adds as many
+with ``--echo MODE`` and no leak (the echo control's own cost, without the room's echo).
+The rows take turns, run by run (:func:`run_plan`).
 
 Prints one row per level: runs, sums, the barge-ins that worked, the v2v p50 (and max).
 """
@@ -57,6 +61,13 @@ HUMAN_VOICE = "en_jfk_inaugural_1961.wav"
 """The barge-in voice; never a question (its long pauses would make turns of their own)."""
 MERGE_S = 2.5
 """Wait after the second reply starts before the human talks: past the 2 s merge window."""
+OVERLAP_S = 1.0
+"""A reply that ends normally less than this after the human voice began was too short to
+cut (the server confirms speech over a reply 250 ms into it); one that ends later was missed."""
+BARGE_TRIES = 3
+"""Questions asked at most for a reply long enough to talk over."""
+SETTLE_S = 2.0
+"""Before another try: the client listening, with nothing new printed, this long."""
 
 
 @dataclass(slots=True)
@@ -70,8 +81,10 @@ class Run:
     self_answered: int = 0
     leaked_words: int = 0
     heard: bool = False  # the first question got its ``you:`` line
-    barge_in: bool | None = None  # None: step 3 not reached
+    barge_in: bool | None = None  # None: step 3 not reached, or no reply long enough
+    barge_tries: int = 0  # questions asked in step 3
     v2v_ms: float | None = None
+    server_v2v_ms: float | None = None  # the first reply's, from the client's latency line
     error: str = ""
 
 
@@ -83,6 +96,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--echo", default="auto", help="voxpipe mic --echo (auto)")
     p.add_argument("--quiet-s", type=float, default=20.0, help="listen this long after the first reply (20)")
     p.add_argument("--human-over-db", type=float, default=10.0, help="the barge-in voice over the leak (10 dB)")
+    p.add_argument("--controls", action="store_true",
+                   help="add --headphones-runs runs with --echo MODE and no leak (the echo control's own cost)")
     p.add_argument("--serve-args", default="", help="extra 'voxpipe serve' options")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--audio-dir", default=str(Path(__file__).resolve().parent.parent / "tests" / "data" / "audio"))
@@ -169,9 +184,67 @@ def reply_text(text: str) -> str:
     return " ".join(ln[9:] for ln in text.splitlines() if ln.startswith("voxpipe: "))
 
 
-def one_run(url: str, leak_db: float | None, echo: str, question: dict, second: dict, audio_dir: Path,
+def reply_end(text: str) -> str | None:
+    """How the reply playing where ``text`` (``voxpipe mic``'s output from then on) starts
+    ended: ``"cut"`` (an ``(interrupted: ...)`` line, whatever the reason), ``"done"`` (its
+    latency line first), or None (not yet)."""
+    cut, done = text.find("(interrupted"), text.find("latency:")
+    if cut >= 0 and (done < 0 or cut < done):
+        return "cut"
+    return "done" if done >= 0 else None
+
+
+def server_v2v_ms(text: str) -> float | None:
+    """The first ``latency: voice-to-voice N ms`` of ``voxpipe mic``'s output (ms), or None."""
+    m = re.search(r"latency: voice-to-voice (\d+) ms", text)
+    return float(m.group(1)) if m else None
+
+
+def barge_in(out: Path, env: dict[str, str], question: Path, human: Path) -> str:
+    """Ask ``question``; :data:`MERGE_S` into its reply, play ``human`` over it and wait
+    for the reply to end. Returns ``"cut"``; ``"missed"`` (it ended normally
+    :data:`OVERLAP_S` or more after the voice began); ``"short"`` (it ended before, or
+    sooner); ``"self-cut"`` (it was cut before the voice began); ``"no reply"``."""
+    before_you = len(you_lines(out.read_text(errors="replace")))
+    play_as_human(env, question)
+    playing = _wait_for(out, lambda t: len(you_lines(t)) > before_you and "[speaking]" in t.rsplit("you: ", 1)[1],
+                        120)
+    if playing is None:
+        return "no reply"
+    start = playing.rfind("you: ")
+    time.sleep(MERGE_S)
+    text = out.read_text(errors="replace")
+    ended = reply_end(text[start:])
+    if ended is not None:
+        return "self-cut" if ended == "cut" else "short"
+    mark, began = len(text), time.monotonic()
+    voice = play_as_human(env, human, wait=False)
+    end = _wait_for(out, lambda t: reply_end(t[mark:]) is not None, 60)
+    took = time.monotonic() - began
+    voice.wait(120)
+    if end is not None and reply_end(end[mark:]) == "cut":
+        return "cut"
+    return "short" if end is not None and took < OVERLAP_S else "missed"
+
+
+def settle(out: Path, timeout_s: float = 90.0) -> bool:
+    """Wait until ``voxpipe mic`` is listening with nothing new printed for :data:`SETTLE_S`."""
+    deadline = time.time() + timeout_s
+    seen, since = "", time.monotonic()
+    while time.time() < deadline:
+        text = out.read_text(errors="replace")
+        if text != seen:
+            seen, since = text, time.monotonic()
+        elif text.rstrip().endswith("[listening]") and time.monotonic() - since >= SETTLE_S:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def one_run(url: str, leak_db: float | None, echo: str, question: dict, others: list[dict], audio_dir: Path,
             args: argparse.Namespace, rng: random.Random, folder: Path) -> Run:
-    """One conversation in a fresh room (see the module docstring)."""
+    """One conversation in a fresh room (see the module docstring); ``others``: step 3's
+    questions, in order."""
     run = Run(leak_db, echo, question["file"])
     out, rec, room = folder / "mic.txt", folder / "speaker.raw", folder / "room.raw"
     human_dbfs = REPLY_DBFS + (leak_db or 0.0) + args.human_over_db
@@ -203,18 +276,17 @@ def one_run(url: str, leak_db: float | None, echo: str, question: dict, second: 
             if heard:
                 run.leaked_words = leaked(heard[0], question["reference_transcript"], reply_text(text))
             run.v2v_ms = heard_v2v_ms(rec, room, audio_dir / question["file"])
-            before_you = len(heard)
-            play_as_human(env, audio_dir / second["file"])
-            playing = _wait_for(out, lambda t: len(you_lines(t)) > before_you
-                                and "[speaking]" in t.rsplit("you: ", 1)[1], 120)
-            if playing is None:
-                return run
-            time.sleep(MERGE_S)
-            mark = len(out.read_text(errors="replace"))
-            play_as_human(env, human, wait=False)
-            cut = _wait_for(out, lambda t: "(interrupted: you talked over it)" in t[mark:]
-                            or "(interrupted: you went on)" in t[mark:], 60)
-            run.barge_in = cut is not None
+            run.server_v2v_ms = server_v2v_ms(text)
+            for second in others[:BARGE_TRIES]:
+                if run.barge_tries and not settle(out):
+                    run.error = "the client did not settle"
+                    break
+                run.barge_tries += 1
+                outcome = barge_in(out, env, audio_dir / second["file"], human)
+                run.self_cut += outcome == "self-cut"
+                if outcome in ("cut", "missed"):
+                    run.barge_in = outcome == "cut"
+                    break
         finally:
             for recorder in recorders:
                 recorder.terminate()
@@ -236,44 +308,61 @@ def _clip_dbfs(path: Path) -> float:
     return float(20 * np.log10(np.sqrt(np.mean(np.square(data))) + 1e-9))
 
 
+def is_headphones(r: Run) -> bool:
+    """The reference row: no leak and ``--echo off``."""
+    return r.leak_db is None and r.echo == "off"
+
+
 def over_headphones(rs: list[Run], runs: list[Run]) -> list[float]:
     """Each of ``rs``'s first-reply v2v minus the headphones runs' (of ``runs``) median v2v
     on the same question clip (ms), for the runs whose clip has one: a row's clips differ
     from the headphones row's, and a clip's reply sets most of its v2v."""
     phones: dict[str, list[float]] = {}
     for r in runs:
-        if r.leak_db is None and r.v2v_ms is not None:
+        if is_headphones(r) and r.v2v_ms is not None:
             phones.setdefault(r.clip, []).append(r.v2v_ms)
     return [r.v2v_ms - statistics.median(phones[r.clip]) for r in rs if r.v2v_ms is not None and r.clip in phones]
 
 
+def _p50_max(xs: list[float]) -> str:
+    return f"{statistics.median(xs):.0f} ({max(xs):.0f})" if xs else "-"
+
+
 def format_table(runs: list[Run]) -> str:
-    """One row per (leak, echo mode): sums over its runs, the v2v p50 (max), and the p50 of
-    :func:`over_headphones` (with how many runs had a headphones run of their clip)."""
+    """One row per (leak, echo mode): sums over its runs, the v2v p50 (max) as heard and as
+    the server measured it, the p50 of :func:`over_headphones` (with how many runs had a
+    headphones run of their clip), and the barge-ins: cut / tried (questions asked)."""
     head = ["leak dB", "echo", "runs", "heard", "self-cut replies", "self-answered turns", "leaked words",
-            "barge-in cut", "first-reply v2v p50 (max) ms", "v2v − headphones, same clip, p50 ms (n)", "errors"]
+            "barge-in cut (questions)", "first-reply v2v p50 (max) ms", "server's v2v p50 (max) ms",
+            "v2v − headphones, same clip, p50 ms (n)", "errors"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     keys = list(dict.fromkeys((r.leak_db, r.echo) for r in runs))
     for leak_db, echo in keys:
         rs = [r for r in runs if (r.leak_db, r.echo) == (leak_db, echo)]
-        v2v = [r.v2v_ms for r in rs if r.v2v_ms is not None]
         tried = [r for r in rs if r.barge_in is not None]
-        over = over_headphones(rs, runs) if leak_db is not None else []
+        over = [] if is_headphones(rs[0]) else over_headphones(rs, runs)
+        label = "none (headphones)" if is_headphones(rs[0]) else "none" if leak_db is None else f"{leak_db:g}"
         lines.append("| " + " | ".join([
-            "none (headphones)" if leak_db is None else f"{leak_db:g}", echo, str(len(rs)),
+            label, echo, str(len(rs)),
             str(sum(r.heard for r in rs)), str(sum(r.self_cut for r in rs)), str(sum(r.self_answered for r in rs)),
-            str(sum(r.leaked_words for r in rs)), f"{sum(bool(r.barge_in) for r in tried)}/{len(tried)}",
-            f"{statistics.median(v2v):.0f} ({max(v2v):.0f})" if v2v else "-",
+            str(sum(r.leaked_words for r in rs)),
+            f"{sum(bool(r.barge_in) for r in tried)}/{len(tried)} ({sum(r.barge_tries for r in rs)})",
+            _p50_max([r.v2v_ms for r in rs if r.v2v_ms is not None]),
+            _p50_max([r.server_v2v_ms for r in rs if r.server_v2v_ms is not None]),
             f"{statistics.median(over):+.0f} ({len(over)})" if over else "-",
             str(sum(bool(r.error) for r in rs))]) + " |")
     return "\n".join(lines)
 
 
-def run_plan(levels: list[float], runs: int, echo: str, headphones_runs: int) -> list[tuple[float | None, str]]:
-    """The (leak dB or None for headphones, echo mode) of each run, round-robin over the rows
+def run_plan(levels: list[float], runs: int, echo: str, headphones_runs: int,
+             controls: bool = False) -> list[tuple[float | None, str]]:
+    """The (leak dB or None for no leak, echo mode) of each run, round-robin over the rows
     (the first run of every row, then the second, ...), so a machine's drift over the bench
-    touches every row alike."""
+    touches every row alike. ``controls``: a row of ``headphones_runs`` with ``echo`` and no
+    leak, before the headphones row."""
     rows: list[list[tuple[float | None, str]]] = [[(db, echo)] * runs for db in levels]
+    if controls:
+        rows.append([(None, echo)] * headphones_runs)
     rows.append([(None, "off")] * headphones_runs)
     return [row[k] for k in range(max(map(len, rows))) for row in rows if k < len(row)]
 
@@ -287,12 +376,13 @@ def main(args: argparse.Namespace) -> int:
     port = free_port()
     proc = start_server(args.llm, port, args.serve_args.split())
     runs: list[Run] = []
-    plan = run_plan(levels, args.runs, args.echo, args.headphones_runs)
+    plan = run_plan(levels, args.runs, args.echo, args.headphones_runs, args.controls)
     try:
         for i, (db, echo) in enumerate(plan):
             with tempfile.TemporaryDirectory() as tmp:
-                run = one_run(f"ws://127.0.0.1:{port}/ws", db, echo, rows[i % len(rows)],
-                              rows[(i + 3) % len(rows)], audio_dir, args, rng, Path(tmp))
+                others = [rows[(i + 3 + k) % len(rows)] for k in range(BARGE_TRIES)]
+                run = one_run(f"ws://127.0.0.1:{port}/ws", db, echo, rows[i % len(rows)], others, audio_dir, args,
+                              rng, Path(tmp))
                 if args.keep:
                     keep = Path(args.keep)
                     keep.mkdir(parents=True, exist_ok=True)

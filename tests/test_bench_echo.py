@@ -8,7 +8,17 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from bench.echo import Run, block_dbfs, first_sound_s, format_table, heard_v2v_ms, leaked, speech_end_s
+from bench.echo import (
+    Run,
+    block_dbfs,
+    first_sound_s,
+    format_table,
+    heard_v2v_ms,
+    leaked,
+    reply_end,
+    server_v2v_ms,
+    speech_end_s,
+)
 from bench.pulse_room import PA_VOLUME_NORM, pulse_volume
 from cli.main import build_parser
 
@@ -53,15 +63,29 @@ def test_levels_find_where_speech_ends_and_where_playback_starts(tmp_path):
 
 
 def test_the_table_sums_each_level_and_the_options_parse():
-    runs = [Run(0.0, "auto", "a", heard=True, barge_in=True, v2v_ms=900),
-            Run(0.0, "auto", "b", heard=True, self_cut=1, leaked_words=2, barge_in=False, v2v_ms=1100),
-            Run(None, "off", "a", heard=True, barge_in=True, v2v_ms=850)]
+    runs = [Run(0.0, "auto", "a", heard=True, barge_in=True, barge_tries=2, v2v_ms=900, server_v2v_ms=700),
+            Run(0.0, "auto", "b", heard=True, self_cut=1, leaked_words=2, barge_in=False, barge_tries=1,
+                v2v_ms=1100),
+            Run(0.0, "auto", "c", heard=True, barge_tries=3, error="the client did not settle"),
+            Run(None, "auto", "a", heard=True, barge_in=True, barge_tries=1, v2v_ms=870, server_v2v_ms=690),
+            Run(None, "off", "a", heard=True, barge_in=True, barge_tries=1, v2v_ms=850, server_v2v_ms=680)]
     table = format_table(runs).splitlines()
-    # clip b has no headphones run: only a's +50 is paired
-    assert table[2] == "| 0 | auto | 2 | 2 | 1 | 0 | 2 | 1/2 | 1000 (1100) | +50 (1) | 0 |"
-    assert table[3] == "| none (headphones) | off | 1 | 1 | 0 | 0 | 0 | 1/1 | 850 (850) | - | 0 |"
-    args = build_parser().parse_args(["bench", "echo", "--runs", "2", "--leak-db", "-20"])
-    assert (args.runs, args.leak_db, args.echo) == (2, "-20", "auto")
+    # clip b has no headphones run: only a's +50 is paired; c found no reply to talk over
+    assert table[2] == "| 0 | auto | 3 | 3 | 1 | 0 | 2 | 1/2 (6) | 1000 (1100) | 700 (700) | +50 (1) | 1 |"
+    assert table[3] == "| none | auto | 1 | 1 | 0 | 0 | 0 | 1/1 (1) | 870 (870) | 690 (690) | +20 (1) | 0 |"
+    assert table[4] == "| none (headphones) | off | 1 | 1 | 0 | 0 | 0 | 1/1 (1) | 850 (850) | 680 (680) | - | 0 |"
+    args = build_parser().parse_args(["bench", "echo", "--runs", "2", "--leak-db", "-20", "--controls"])
+    assert (args.runs, args.leak_db, args.echo, args.controls) == (2, "-20", "auto", True)
+
+
+def test_a_reply_ends_cut_or_done_and_its_latency_line_is_read():
+    cut = "voxpipe: That's a nice way (interrupted: you talked over it)\n  latency: voice-to-voice 1278 ms (asr 1 ms)\n"
+    assert reply_end(cut) == "cut"
+    assert reply_end("voxpipe: Hello.\n  latency: voice-to-voice 900 ms\n[listening]\nvoxpipe: x (interrupted: a new "
+                     "turn began)") == "done"  # the reply that was playing ended first; a later one was cut
+    assert reply_end("voxpipe: still playing,\n") is None
+    assert server_v2v_ms("[speaking]\n" + cut) == 1278.0
+    assert server_v2v_ms("  latency: first audio 300 ms\n") is None
 
 
 def test_the_rows_take_turns_run_by_run():
@@ -70,3 +94,4 @@ def test_the_rows_take_turns_run_by_run():
     assert run_plan([0.0, -20.0], 2, "auto", 3) == [(0.0, "auto"), (-20.0, "auto"), (None, "off"),
                                                     (0.0, "auto"), (-20.0, "auto"), (None, "off"), (None, "off")]
     assert run_plan([-35.0], 1, "aec", 0) == [(-35.0, "aec")]
+    assert run_plan([0.0], 1, "auto", 1, controls=True) == [(0.0, "auto"), (None, "auto"), (None, "off")]
