@@ -400,6 +400,38 @@ def test_pauses_are_not_judged_and_a_cold_canceller_stays_gated():
     assert not cold.converged
 
 
+def test_with_headphones_the_guard_steps_aside_until_an_echo_is_heard():
+    """``--echo auto`` with headphones: the playback (-12 dBFS) never reaches the microphone
+    (-90 dBFS frames), so there is no echo to learn and the canceller never converges; once
+    ``MIN_FRAMES`` such frames were heard, a voice 23 dB under the playback (which the gate
+    would mute) goes as the microphone heard it, for 1.5 s of talking over the reply; an echo
+    that keeps coming (the headphones taken off) brings the gate back."""
+    from clients.echo import MIN_FRAMES
+
+    guard = _guarded(12.0)
+    silent, voice = _frame(-90.0), _frame(-35.0)
+    for _ in range(MIN_FRAMES - 2):
+        guard.near(silent)
+    assert not guard.near(voice).any() and not guard.unheard  # too soon to tell: the gate
+    for _ in range(200):
+        guard.near(silent)
+    assert guard.unheard and not guard.converged
+    for _ in range(70):  # 1.4 s of the user over the reply
+        assert np.array_equal(guard.near(voice), voice)
+    for _ in range(20):  # an echo 12 dB under the playback, with the canceller learning nothing of it
+        guard.near(_frame(-24.0))
+    assert not guard.unheard and not guard.near(voice).any()
+
+
+def test_a_leaking_room_is_never_taken_for_headphones():
+    """A faint room: the reply's pauses (-90 dBFS) between its echo (-60 dBFS), one frame in
+    two: under the 90 % it takes to step aside."""
+    guard = _guarded(12.0)
+    for i in range(400):
+        guard.near(_frame(-90.0 if i % 2 else -60.0))
+        assert not guard.unheard
+
+
 # ---- devices ---------------------------------------------------------------------------------
 
 

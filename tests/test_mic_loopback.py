@@ -32,10 +32,14 @@ HUMAN_DBFS = -9.0
 """The barge-in voice's RMS level: about 10 dB over Piper's replies (joe: -19.5 dBFS RMS over
 its voiced 20 ms blocks, -11 dBFS at its loudest block), so louder than their echo at the
 microphone at every leak level here."""
+HEADPHONES_VOICE_DBFS = -26.0
+"""With headphones: a voice at an everyday level, 15 dB under the reply's playback level
+(which the half-duplex gate, assuming an echo as loud as that, would mute)."""
 CASES = [  # (echo mode, leak dB, question clip, seconds before the question)
     ("auto", 0.0, "en_librispeech_1988-24833-0003.wav", 0.0),  # "When are you getting rid of these cats? ..."
     ("auto", -20.0, "en_librispeech_3752-4944-0000.wav", 0.7),  # "Captain Frere says that the scenery ..."
     ("auto", -35.0, "en_librivox_sense_and_sensibility_01_0880.wav", 1.3),  # "He was not an ill-disposed ..."
+    ("auto", None, "en_librispeech_3752-4944-0002.wav", 0.4),  # headphones: nothing leaks
 ]
 """One case per leak level with ``--echo auto`` (the default). ``--echo half-duplex`` alone is
 tests/test_mic_cli.py's (a fake room at 0 dB), and ``voxpipe bench echo`` runs 10 real ones
@@ -61,12 +65,12 @@ def _rms_dbfs(path: Path) -> float:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("echo", "leak_db", "question", "offset_s"), CASES,
-                         ids=[f"{e}-{abs(db):g}dB" for e, db, _, _ in CASES])
+                         ids=[f"{e}-{'headphones' if db is None else f'{abs(db):g}dB'}" for e, db, _, _ in CASES])
 def test_mic_does_not_answer_itself_and_barge_in_still_cuts(echo, leak_db, question, offset_s, server, audio_dir,
                                                             manifest, tmp_path):
     question_wav = audio_dir / question
-    human = scaled_copy(audio_dir / INTERRUPTION, tmp_path / "louder.wav",
-                        HUMAN_DBFS - _rms_dbfs(audio_dir / INTERRUPTION))
+    level = HEADPHONES_VOICE_DBFS if leak_db is None else HUMAN_DBFS
+    human = scaled_copy(audio_dir / INTERRUPTION, tmp_path / "louder.wav", level - _rms_dbfs(audio_dir / INTERRUPTION))
     out = tmp_path / "mic.txt"
     with pulse_room(tmp_path / "pulse", leak_db) as env, open(out, "w") as fh:
         client = subprocess.Popen([sys.executable, "-m", "cli", "mic", "--url", server["url"], "--echo", echo],
