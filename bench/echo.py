@@ -98,6 +98,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--human-over-db", type=float, default=10.0, help="the barge-in voice over the leak (10 dB)")
     p.add_argument("--controls", action="store_true",
                    help="add --headphones-runs runs with --echo MODE and no leak (the echo control's own cost)")
+    p.add_argument("--server-log", default=None, help="write the server's INFO log to this file")
     p.add_argument("--serve-args", default="", help="extra 'voxpipe serve' options")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--audio-dir", default=str(Path(__file__).resolve().parent.parent / "tests" / "data" / "audio"))
@@ -221,7 +222,8 @@ def barge_in(out: Path, env: dict[str, str], question: Path, human: Path) -> str
     voice = play_as_human(env, human, wait=False)
     end = _wait_for(out, lambda t: reply_end(t[mark:]) is not None, 60)
     took = time.monotonic() - began
-    voice.wait(120)
+    voice.terminate()  # the reply's fate is known: the rest of the voice would only make turns
+    voice.wait(30)
     if end is not None and reply_end(end[mark:]) == "cut":
         return "cut"
     return "short" if end is not None and took < OVERLAP_S else "missed"
@@ -374,7 +376,7 @@ def main(args: argparse.Namespace) -> int:
     rows = [r for r in english_rows(audio_dir) if r["file"] != HUMAN_VOICE]
     rng = random.Random(args.seed)
     port = free_port()
-    proc = start_server(args.llm, port, args.serve_args.split())
+    proc = start_server(args.llm, port, args.serve_args.split(), log=args.server_log)
     runs: list[Run] = []
     plan = run_plan(levels, args.runs, args.echo, args.headphones_runs, args.controls)
     try:

@@ -106,6 +106,13 @@ latency and the echo's path back; its allowance for that path is ``ECHO_LAG_S``
 later is a new turn to the server, which answers a lone word of it ("Yep." for "...next
 step.", 1 run in 20 of ``voxpipe bench echo`` at 0 dB)."""
 
+VOICE_FRAMES = (3, 5)
+"""At a reply's end: 3 of the last 5 microphone frames ``barge_in_db`` over the echo the
+room makes (a person's syllable, not a stray frame) and the rest of that end is the user's:
+passed to its end, with the gaps between their words; a lone frame over it only opens
+:data:`HOLD_S`. An echo frame reaches that level only where the measured coupling (a 0.9
+quantile) is 6 dB short of the room's, one frame in many."""
+
 
 class EchoControl(Protocol):
     """What the mic client needs from an echo control."""
@@ -318,6 +325,7 @@ class GuardedCanceller:
         self.residual_frames = 0
         """Frames of a converged canceller's output sent as silence at a reply's end."""
         self._voice_left = 0  # samples of the canceller's output still passed (the user's hold)
+        self._over_bar: collections.deque[bool] = collections.deque(maxlen=VOICE_FRAMES[1])
         self._ending = (0.0, -1.0)  # the reply's end (reply_ends): from, until (the gate's clock, s)
         self._unheard: collections.deque[bool] = collections.deque(maxlen=ERLE_FRAMES)
         self.unheard = False
@@ -333,6 +341,7 @@ class GuardedCanceller:
         now, left_s = self.gate.now(), max(0.0, left_s)
         self._ending = (now + max(0.0, left_s - END_S), now + left_s + self.gate.window_s)
         self._voice_left = 0
+        self._over_bar.clear()
 
     @property
     def converged(self) -> bool:
@@ -354,7 +363,10 @@ class GuardedCanceller:
         if mic_db >= QUIET_DBFS:
             handled = mic_db - out_db >= CONVERGED_DB or out_db < QUIET_DBFS
             self._handled.append(handled)
-            if handled:  # the frame was the reply's echo: how loud the room makes it
+            so_far = self.coupling_db()
+            # the frame was the reply's echo: how loud the room makes it; but not a voice over
+            # the echo that AEC3's suppressor took out (it would raise the bar the voice must pass)
+            if handled and (so_far is None or mic_db - echo_db < so_far + BARGE_IN_DB):
                 self._coupling.append(mic_db - echo_db)
         if self.unheard:
             return frame  # no echo to take out: the microphone as it is (as --echo off)
@@ -374,10 +386,15 @@ class GuardedCanceller:
     def _residual_check(self, clean: np.ndarray, mic_db: float, out_db: float, expected_db: float) -> np.ndarray:
         """At a reply's end: ``clean`` as it is when the user's (the microphone
         ``barge_in_db`` over ``expected_db``, the echo the room makes, or within
-        :data:`HOLD_S` after such a frame) or when it holds nothing over :data:`QUIET_DBFS`;
-        else silence (echo the canceller left)."""
-        if mic_db >= expected_db + self.gate.barge_in_db:
-            self._voice_left = round(HOLD_S * RATE)
+        :data:`HOLD_S` after such a frame, or to the end's end once :data:`VOICE_FRAMES`
+        say the user talks: the pauses between their words are theirs too) or when it holds
+        nothing over :data:`QUIET_DBFS`; else silence (echo the canceller left)."""
+        over = mic_db >= expected_db + self.gate.barge_in_db
+        self._over_bar.append(over)
+        if over and sum(self._over_bar) >= VOICE_FRAMES[0]:  # the user talks: theirs to the end
+            self._voice_left = max(round(HOLD_S * RATE), round((self._ending[1] - self.gate.now()) * RATE))
+        elif over:
+            self._voice_left = max(self._voice_left, round(HOLD_S * RATE))
         if self._voice_left > 0:
             self._voice_left -= len(clean)
             return clean

@@ -384,6 +384,18 @@ def test_no_raw_frames_in_a_loud_room_or_for_the_echo_alone():
     assert faint.converged and faint.raw_frames == 0
 
 
+def test_a_voice_the_canceller_took_out_is_not_taken_for_the_rooms_echo():
+    """AEC3's suppressor takes a voice over the reply out at first (double talk): such frames
+    count as handled, but not into the room's coupling (it would raise every bar)."""
+    guard = _guarded(30.0)
+    for _ in range(30):
+        guard.near(_frame(-40.0))  # the echo: 28 dB under the playback
+    assert guard.coupling_db() == pytest.approx(-28.0, abs=0.1)
+    for _ in range(200):
+        guard.near(_frame(-20.0))  # a voice 20 dB over the echo, "handled" by the stand-in
+    assert guard.coupling_db() == pytest.approx(-28.0, abs=0.1)
+
+
 def test_pauses_are_not_judged_and_a_cold_canceller_stays_gated():
     guard = _guarded(12.0)
     for _ in range(300):  # the reply's pauses: nothing above the silence level, nothing judged

@@ -162,3 +162,42 @@ def test_only_a_replys_last_seconds_and_its_tail_are_judged():
     assert not near(4.0 + hold * 0.02, echo).any()
     assert np.array_equal(near(5.0 + gate.window_s + 0.01, echo), guard.aec.near(echo))  # a new reply plays
     assert guard.residual_frames == 2
+
+
+def test_a_voice_that_goes_on_holds_the_replys_end_to_its_end():
+    """Three frames of a voice over the echo at a reply's end and the rest of that end is the
+    user's, the quiet frames between their words included; a lone loud frame holds
+    ``HOLD_S`` only."""
+    from clients.echo import HOLD_S
+    from tests.test_mic_cli import _Canceller, _frame
+
+    now = [0.0]
+    gate = HalfDuplexGate(0.0, clock=lambda: now[0])
+
+    def fresh() -> GuardedCanceller:
+        guard = GuardedCanceller(_Canceller(30.0), gate)  # type: ignore[arg-type]
+        for i in range(30):
+            now[0] = i * 0.02
+            guard.far(_frame(-12.0))
+            guard.near(_frame(-12.0))
+        assert guard.converged
+        now[0] = 0.0
+        guard.reply_ends(1.0)  # all of it its end (END_S is longer), then the gate's window
+        return guard
+
+    def near(guard: GuardedCanceller, t: float, frame: np.ndarray) -> np.ndarray:
+        now[0] = t
+        guard.far(_frame(-12.0))
+        return guard.near(frame)
+
+    voice, lull = _frame(-3.0), _frame(-12.0)  # a lull: what the canceller leaves is over -70 dBFS
+    lone = fresh()
+    near(lone, 0.0, voice)
+    hold = round(HOLD_S / 0.02)
+    assert [near(lone, i * 0.02, lull).any() for i in range(1, hold + 1)] == [True] * (hold - 1) + [False]
+    talking = fresh()
+    for i in range(3):
+        near(talking, i * 0.02, voice)
+    end = 1.0 + gate.window_s
+    assert all(near(talking, t, lull).any() for t in np.arange(0.1, end - 0.02, 0.02))
+    assert talking.residual_frames == 0
