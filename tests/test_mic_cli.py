@@ -371,6 +371,32 @@ def test_a_faint_echo_left_under_the_servers_silence_level_is_handled():
     assert np.array_equal(guard.near(echo), guard.aec.near(echo))  # then the canceller's again
 
 
+def test_in_a_faint_room_a_voice_that_goes_on_is_held_longer():
+    """A lone frame over the faint echo holds ``HOLD_S``; three in a row say the user talks,
+    and then each holds ``TALK_HOLD_S`` (their quieter syllables go as heard too)."""
+    from clients.echo import TALK_HOLD_S
+
+    def faint() -> GuardedCanceller:
+        guard = _guarded(12.0)
+        for _ in range(30):
+            guard.near(_frame(-60.0))
+        assert guard.converged and guard.coupling_db() <= -30
+        return guard
+
+    def held(guard: GuardedCanceller, frames: int) -> int:
+        quiet = _frame(-62.0)  # under the bar: raw only within a hold
+        return sum(np.array_equal(guard.near(quiet), quiet) for _ in range(frames))
+
+    voice = _frame(-45.0)
+    lone = faint()
+    lone.near(voice)
+    assert held(lone, 60) == round(HOLD_S / 0.02) - 1
+    talking = faint()
+    for _ in range(3):
+        talking.near(voice)
+    assert held(talking, 80) == round(TALK_HOLD_S / 0.02) - 1
+
+
 def test_no_raw_frames_in_a_loud_room_or_for_the_echo_alone():
     loud = _guarded(30.0)  # a 0 dB room: the echo as loud as the playback, 30 dB taken out
     for _ in range(30):
