@@ -61,9 +61,11 @@ HUMAN_VOICE = "en_jfk_inaugural_1961.wav"
 """The barge-in voice; never a question (its long pauses would make turns of their own)."""
 MERGE_S = 2.5
 """Wait after the second reply starts before the human talks: past the 2 s merge window."""
-OVERLAP_S = 1.0
-"""A reply that ends normally less than this after the human voice began was too short to
-cut (the server confirms speech over a reply 250 ms into it); one that ends later was missed."""
+OVERLAP_S = 2.0
+"""A reply that ends normally less than this after the human voice's file began was too short
+to cut; one that ends later was missed. The voice's first word is 0.36 s into the file, and
+the server cancels on a partial transcript with words once the speech over the reply has
+lasted ``barge_in_min_ms`` (400 ms), seen 250 ms into it: about 1-1.5 s in all."""
 BARGE_TRIES = 3
 """Questions asked at most for a reply long enough to talk over."""
 SETTLE_S = 2.0

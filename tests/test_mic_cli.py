@@ -371,30 +371,35 @@ def test_a_faint_echo_left_under_the_servers_silence_level_is_handled():
     assert np.array_equal(guard.near(echo), guard.aec.near(echo))  # then the canceller's again
 
 
-def test_in_a_faint_room_a_voice_that_goes_on_is_held_longer():
-    """A lone frame over the faint echo holds ``HOLD_S``; three in a row say the user talks,
-    and then each holds ``TALK_HOLD_S`` (their quieter syllables go as heard too)."""
+def test_in_a_faint_room_a_talking_user_is_followed_frame_by_frame():
+    """A faint room (echo frames at -60 dBFS, 48 dB under the playback): a lone frame 6 dB
+    over the echo opens ``HOLD_S`` of the microphone as heard; three in a row say the user
+    talks, and then, for ``TALK_HOLD_S`` after the last, each frame at the echo's level or
+    over it goes as heard (their quieter syllables) and each under it is the canceller's
+    (the echo alone between their words)."""
     from clients.echo import TALK_HOLD_S
 
     def faint() -> GuardedCanceller:
         guard = _guarded(12.0)
         for _ in range(30):
             guard.near(_frame(-60.0))
-        assert guard.converged and guard.coupling_db() <= -30
+        assert guard.converged and guard.coupling_db() == pytest.approx(-48.0, abs=0.1)
         return guard
 
-    def held(guard: GuardedCanceller, frames: int) -> int:
-        quiet = _frame(-62.0)  # under the bar: raw only within a hold
-        return sum(np.array_equal(guard.near(quiet), quiet) for _ in range(frames))
+    def raw(guard: GuardedCanceller, frame: np.ndarray, n: int) -> list[bool]:
+        return [np.array_equal(guard.near(frame), frame) for _ in range(n)]
 
-    voice = _frame(-45.0)
+    voice, syllable, echo = _frame(-45.0), _frame(-58.0), _frame(-64.0)
     lone = faint()
     lone.near(voice)
-    assert held(lone, 60) == round(HOLD_S / 0.02) - 1
+    hold = round(HOLD_S / 0.02)
+    assert raw(lone, syllable, hold + 5) == [True] * (hold - 1) + [False] * 6
     talking = faint()
-    for _ in range(3):
-        talking.near(voice)
-    assert held(talking, 80) == round(TALK_HOLD_S / 0.02) - 1
+    raw(talking, voice, 3)
+    assert raw(talking, echo, 5) == [False] * 5  # between their words: the canceller's
+    talk = round(TALK_HOLD_S / 0.02)
+    assert raw(talking, syllable, talk) == [True] * (talk - 6) + [False] * 6
+    assert talking.raw_frames == 3 + talk - 6
 
 
 def test_no_raw_frames_in_a_loud_room_or_for_the_echo_alone():
