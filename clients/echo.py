@@ -107,20 +107,11 @@ later is a new turn to the server, which answers a lone word of it ("Yep." for "
 step.", 1 run in 20 of ``voxpipe bench echo`` at 0 dB)."""
 
 VOICE_FRAMES = (3, 5)
-"""3 of the last 5 microphone frames ``barge_in_db`` over the echo the room makes (a
-person's syllable, not a stray frame) say the user talks: at a reply's end the rest of that
-end is then theirs (passed to its end, with the gaps between their words), and in a faint
-room each such frame holds :data:`TALK_HOLD_S`; a lone frame over it only opens
+"""At a reply's end: 3 of the last 5 microphone frames ``barge_in_db`` over the echo the
+room makes (a person's syllable, not a stray frame) and the rest of that end is the user's:
+passed to its end, with the gaps between their words; a lone frame over it only opens
 :data:`HOLD_S`. An echo frame reaches that level only where the measured coupling (a 0.9
 quantile) is 6 dB short of the room's, one frame in many."""
-
-TALK_HOLD_S = 1.0
-"""A faint room: how long after the last of :data:`VOICE_FRAMES` the user is taken to talk
-still (s), their frames at the echo's level or over it sent as heard. AEC3's suppressor takes
-out what a voice only 10 dB over a faint echo says between its louder syllables (traced live
-at -35 dB: frames at -44 dBFS, 8 dB under the bar of a -8 dBFS playback block, left at -91
-dBFS); sending the whole span as heard instead put the echo between the words into the
-transcript ("I'm sure you're right. I'm sure you can do the country.")."""
 
 
 class EchoControl(Protocol):
@@ -331,8 +322,6 @@ class GuardedCanceller:
         self.raw_frames = 0
         """Frames sent as the microphone heard them (a voice over a faint echo)."""
         self._raw_left = 0  # samples still sent raw (the hold)
-        self._raw_over: collections.deque[bool] = collections.deque(maxlen=VOICE_FRAMES[1])
-        self._talk_left = 0  # samples the user is still taken to talk over the reply (a faint room)
         self.residual_frames = 0
         """Frames of a converged canceller's output sent as silence at a reply's end."""
         self._voice_left = 0  # samples of the canceller's output still passed (the user's hold)
@@ -384,32 +373,15 @@ class GuardedCanceller:
         if not self.converged:
             return self.gate.near(clean)
         coupling_db = self.coupling_db()
-        raw = coupling_db is not None and coupling_db <= FAINT_DB and self._faint_voice(mic_db, echo_db + coupling_db)
-        self._raw_left, self._talk_left = max(0, self._raw_left - len(frame)), max(0, self._talk_left - len(frame))
-        if raw:
+        if coupling_db is not None and coupling_db <= FAINT_DB and mic_db >= echo_db + coupling_db + BARGE_IN_DB:
+            self._raw_left = round(HOLD_S * RATE)
+        if self._raw_left > 0:
+            self._raw_left -= len(frame)
             self.raw_frames += 1
             return frame
         if not self._ending[0] <= self.gate.now() < self._ending[1]:
             return clean
         return self._residual_check(clean, mic_db, out_db, echo_db + min(0.0, coupling_db or 0.0))
-
-    def _faint_voice(self, mic_db: float, expected_db: float) -> bool:
-        """A faint room: whether to send this frame as the microphone heard it. A frame
-        :data:`BARGE_IN_DB` over ``expected_db`` (the echo the room makes of the playback's
-        loudest block) is sent so, and opens :data:`HOLD_S`; once :data:`VOICE_FRAMES` of them
-        say the user talks, and for :data:`TALK_HOLD_S` after the last, so is every frame at
-        the echo's level or over it (their quieter syllables), frame by frame: the echo alone
-        between their words stays the canceller's."""
-        over = mic_db >= expected_db + BARGE_IN_DB
-        self._raw_over.append(over)
-        if over and sum(self._raw_over) >= VOICE_FRAMES[0]:
-            self._talk_left = round(TALK_HOLD_S * RATE)
-        if self._talk_left > 0:
-            self._raw_left = 0
-            return mic_db >= expected_db
-        if over:
-            self._raw_left = round(HOLD_S * RATE)
-        return self._raw_left > 0
 
     def _residual_check(self, clean: np.ndarray, mic_db: float, out_db: float, expected_db: float) -> np.ndarray:
         """At a reply's end: ``clean`` as it is when the user's (the microphone

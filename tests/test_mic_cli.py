@@ -371,37 +371,6 @@ def test_a_faint_echo_left_under_the_servers_silence_level_is_handled():
     assert np.array_equal(guard.near(echo), guard.aec.near(echo))  # then the canceller's again
 
 
-def test_in_a_faint_room_a_talking_user_is_followed_frame_by_frame():
-    """A faint room (echo frames at -60 dBFS, 48 dB under the playback): a lone frame 6 dB
-    over the echo opens ``HOLD_S`` of the microphone as heard; three in a row say the user
-    talks, and then, for ``TALK_HOLD_S`` after the last, each frame at the echo's level or
-    over it goes as heard (their quieter syllables) and each under it is the canceller's
-    (the echo alone between their words)."""
-    from clients.echo import TALK_HOLD_S
-
-    def faint() -> GuardedCanceller:
-        guard = _guarded(12.0)
-        for _ in range(30):
-            guard.near(_frame(-60.0))
-        assert guard.converged and guard.coupling_db() == pytest.approx(-48.0, abs=0.1)
-        return guard
-
-    def raw(guard: GuardedCanceller, frame: np.ndarray, n: int) -> list[bool]:
-        return [np.array_equal(guard.near(frame), frame) for _ in range(n)]
-
-    voice, syllable, echo = _frame(-45.0), _frame(-58.0), _frame(-64.0)
-    lone = faint()
-    lone.near(voice)
-    hold = round(HOLD_S / 0.02)
-    assert raw(lone, syllable, hold + 5) == [True] * (hold - 1) + [False] * 6
-    talking = faint()
-    raw(talking, voice, 3)
-    assert raw(talking, echo, 5) == [False] * 5  # between their words: the canceller's
-    talk = round(TALK_HOLD_S / 0.02)
-    assert raw(talking, syllable, talk) == [True] * (talk - 6) + [False] * 6
-    assert talking.raw_frames == 3 + talk - 6
-
-
 def test_no_raw_frames_in_a_loud_room_or_for_the_echo_alone():
     loud = _guarded(30.0)  # a 0 dB room: the echo as loud as the playback, 30 dB taken out
     for _ in range(30):
