@@ -121,6 +121,52 @@ async def test_speech_after_a_sent_reply_was_heard_out_is_a_turn_again():
         await asyncio.sleep(1.5)  # its last audio is played by now (lead 1 s)
         seen = await h.play([Audio(tone(300)), Audio(silence(700)), WaitFor(ev.ResponseStarted, 2)])
         assert [e.text for e in of(seen, ev.TranscriptFinal)] == ["Yeah."] and not of(seen, ev.TurnEmpty)
+        assert not of(seen, ev.ResponseCancelled)  # nothing left to cut
+    finally:
+        await h.close()
+
+
+async def test_words_over_a_sent_reply_still_playing_cut_it_after_its_done():
+    # the reply is all sent (a 60 s lead) and done while its client plays 16 s of it: words
+    # then cut it after all (response.cancelled after response.done), which the client obeys.
+    # Before, the server could no longer cancel it and a barge-in in a reply's last seconds
+    # left it playing to its end.
+    long_reply = "A long answer that goes on and on. " * 6  # 210 characters: ~17 s of fake speech
+    llm = FakeLlm([LlmReply.of(long_reply), LlmReply.of(SHORT)])
+    c = cfg()
+    c.tts.playback_lead_s = 60.0
+    h = Harness(engines=fake_engines(asr=FakeAsr(), llm=llm, tts=FakeTts(s_per_char=0.08)), cfg=c)
+    try:
+        seen = await h.play([Start(), Text("Tell me something."), WaitFor(ev.ResponseDone), Audio(tone(1500)),
+                             WaitFor(ev.ResponseCancelled), Audio(silence(700)), WaitFor(ev.ResponseStarted, 2)])
+        done = of(seen, ev.ResponseDone)[0]
+        cancelled = of(seen, ev.ResponseCancelled)
+        assert [(c.response_id, c.reason) for c in cancelled] == [(1, "barge_in")]
+        assert seen.index(cancelled[0]) > seen.index(done)
+        assert cancelled[0].spoken_text == long_reply.strip()  # all of it was sent
+        assert of(seen, ev.ResponseStarted)[1].user_text == of(seen, ev.TranscriptFinal)[0].text
+    finally:
+        await h.close()
+
+
+async def test_words_decided_after_the_reply_was_all_sent_still_cut_it():
+    # speech begins over a reply still being sent; the reply's audio is all sent (done) while
+    # the speech goes on, and only then does a partial hear words: they still cut it (before,
+    # the reply's end ended the barge-in candidate, and the client played the rest)
+    llm = FakeLlm([LlmReply([Delta("A first phrase that plays. ", 0.0),
+                             Delta("And then a second phrase that goes on for a while. " * 4, 3.0)]),
+                   LlmReply.of(SHORT)])
+    c = cfg(resume_after_ms=0)
+    c.tts.playback_lead_s = 60.0
+    h = Harness(engines=fake_engines(asr=FakeAsr(), llm=llm, tts=FakeTts(s_per_char=0.08)), cfg=c)
+    try:
+        seen = await h.play([Start(), Text("Tell me something."), WaitFor(AudioOut), Audio(tone(300)),
+                             WaitFor(ev.SpeechStarted), WaitFor(ev.ResponseDone), Audio(tone(1500)),
+                             WaitFor(ev.ResponseCancelled)])
+        t = types_of(seen)
+        assert t.index("speech.started") < t.index("response.done") < t.index("response.cancelled")
+        assert not of(seen, ev.SpeechStopped)  # one speech, over the reply from its start
+        assert [(c.response_id, c.reason) for c in of(seen, ev.ResponseCancelled)] == [(1, "barge_in")]
     finally:
         await h.close()
 
@@ -282,7 +328,11 @@ async def test_words_held_past_their_reply_s_end_still_continue_the_turn():
         assert (first.continues_turn_id, merged.continues_turn_id) == (None, first.turn_id)  # the join's sign
         # the whole utterance's words: the first speech's and the held words'
         assert len(merged.text.split()) >= len(first.text.split()) + len(FakeAsr.words(tone(1500))), merged.text
-        assert not of(seen, ev.ResponseCancelled)  # the reply it continued was already done
+        # the reply it continued was all sent, but its client still plays it (5 s lead): cut
+        # after its response.done, so that the client stops the answer to half a sentence
+        cancelled = of(seen, ev.ResponseCancelled)
+        assert [(c.response_id, c.reason) for c in cancelled] == [(1, "continued")]
+        assert seen.index(cancelled[0]) > seen.index(of(seen, ev.ResponseDone)[0])
         assert of(seen, ev.ResponseStarted)[1].user_text == merged.text
     finally:
         await h.close()

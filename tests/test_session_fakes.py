@@ -148,8 +148,10 @@ async def test_speech_resuming_within_merge_window_continues_the_turn():
 
 async def test_speech_after_the_merge_window_is_a_new_turn():
     llm = FakeLlm([LlmReply.of("First reply."), LlmReply.of("Second reply.")])
+    # the 2.5 s pause in real time: the client has played the first reply out by then (by
+    # the wall clock; sent faster, the speech would be over its playing tail, and cut it)
     seen = await run_session([Start(), Audio(tone(800)), Audio(silence(600)), WaitFor(ev.ResponseDone),
-                              Audio(silence(2500)), Audio(tone(800)), Audio(silence(600)),
+                              Audio(silence(2500), pace=1.0), Audio(tone(800)), Audio(silence(600)),
                               WaitFor(ev.ResponseDone, count=2)],
                              engines=fake_engines(llm=llm), cfg=cfg(early_end_ms=0))
     assert not of(seen, ev.ResponseCancelled)

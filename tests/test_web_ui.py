@@ -467,13 +467,15 @@ ALL_SENT = server_event(ev.ResponseDone, response_id=1, text="Sure.", fallback=F
                         output_tokens=2, audio_s=3.0, timings_ms={"llm_ttft": 120.0, "first_audio": 300.0})
 
 
-@pytest.mark.parametrize("before, on_start, on_stop", [([], [PAUSED], [CONTINUED]), ([ALL_SENT], [], [])],
-                         ids=["cancelled", "all-sent"])
+@pytest.mark.parametrize("before, on_start, on_stop",
+                         [([], [PAUSED], [CONTINUED]), ([ALL_SENT], [], []), ([ALL_SENT], [], [CONTINUED])],
+                         ids=["cancelled", "all-sent", "all-sent-then-cut"])
 def test_speech_that_continues_a_turn_under_a_new_id_joins_its_bubble(before, on_start, on_stop):
     # speech over the audible reply is a turn of its own (turn 3) until its words continue
     # turn 2: its final, the whole utterance, shows in turn 2's bubble. The reply is cancelled
     # (continued) — or it was all sent already (response.done, still playing) and the final's
-    # continues_turn_id is the only sign (CI: JFK in two bubbles, "... Ask not." and the whole)
+    # continues_turn_id is the only sign (CI: JFK in two bubbles, "... Ask not." and the whole),
+    # or it is cut after its response.done (the client still played it)
     whole = "I would like to book a table for two."
     over = [*before, server_event(ev.SpeechStarted, turn_id=3, audio_ms=3500), *on_start,
             server_event(ev.TranscriptPartial, turn_id=3, committed="", unstable="to book", text="to book",

@@ -134,11 +134,14 @@ class Interruptions:
     async def cancel(self, turn: object, reason: ev.CancelReason = "barge_in") -> None:
         """Words over the reply (speech turn ``turn``'s): cancel it (``barge_in``), or only
         count it when the caller cancels it itself (``continued``)."""
+        over = self._over.get(turn)
         self._count(turn, "cancelled" if reason == "barge_in" else reason)
         self._forget_pause()
         if reason == "barge_in":
             self.turn_state.barge_in()
             await self.replies.cancel("barge_in")
+        if over is not None:  # all sent while the speech went on: the client may still play it
+            await self.replies.cut_playing(over.reply, reason)
 
     async def speech_ended(self, turn: object | None, *, speech_ms: float, submitted: bool) -> None:
         """The speech ended (``speech_ms`` long); ``submitted``: its final transcript will be
@@ -172,6 +175,8 @@ class Interruptions:
             self._count(turn, "cancelled", over)
             self._forget_pause()
             await self.replies.cancel("barge_in")
+        elif heard == "words" and await self.replies.cut_playing(over.reply, "barge_in"):
+            self._count(turn, "cancelled", over)  # a short word over its last audio (no partial came)
         elif action is BargeAction.RESUME and await self._resume():
             self._count(turn, "resumed", over)  # popped above: _resume's loop cannot see it
         if heard == "backchannel":

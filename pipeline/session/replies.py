@@ -62,6 +62,7 @@ class Reply:
         acks: backchannels the user spoke over it ("yeah"): the history keeps them after it
             if it completes, and forgets them if it is cancelled.
         completed: it ended with ``response.done``.
+        cut: it was cut after that, while its client still played it (:meth:`Replies.cut_playing`).
     """
 
     responder: Responder
@@ -69,6 +70,7 @@ class Reply:
     turn_id: int = 0
     acks: list[str] = field(default_factory=list)
     completed: bool = False
+    cut: bool = False
 
     @property
     def rid(self) -> int:
@@ -222,6 +224,24 @@ class Replies:
             return
         spoken = " ".join(reply.responder.spoken).strip()
         await self.out.send(ev.ResponseCancelled(response_id=reply.rid, spoken_text=spoken, reason=reason))
+
+    async def cut_playing(self, reply: Reply, reason: ev.CancelReason) -> bool:
+        """``reply`` completed (``response.done`` went out) but its client still plays its
+        last audio, sent up to ``playback_lead_s`` ahead (:meth:`Responder.played_by`): send
+        ``response.cancelled`` for it after all, so the client stops it; True if sent (once
+        per reply). Speech over it whose words are decoded a second or more after it began
+        (over a reply's last seconds; after the reply was resumed) would otherwise leave it
+        playing to its end. The history keeps the whole reply, as it keeps all the audio
+        sent of a reply cancelled while running."""
+        until = reply.responder.played_by()
+        if not reply.completed or reply.cut or until is None or time.perf_counter() >= until:
+            return False
+        reply.cut = True
+        spoken = " ".join(reply.responder.spoken).strip()
+        logger.info("session %s: reply %d cut %.2f s before its client's end (%s)", self.id, reply.rid,
+                    until - time.perf_counter(), reason)
+        await self.out.send(ev.ResponseCancelled(response_id=reply.rid, spoken_text=spoken, reason=reason))
+        return True
 
     def stop(self) -> None:
         """Session teardown: cancel the current reply's task, sending nothing."""

@@ -360,7 +360,7 @@ class Session:
         """How long this session's partial transcripts may wait now (ms; see
         :meth:`TurnGate.hold_ms`) — not at all while this speech is over a reply (a
         barge-in candidate: only a partial with words can confirm it)."""
-        return 0.0 if self.turn_state.interrupting else self.gate.hold_ms()
+        return 0.0 if self.turn_state.interrupting or self.runner.over_reply() else self.gate.hold_ms()
 
     async def _on_partial(self, part: Partial) -> None:
         # only the latest speech turn's ASR is open (sends partials)
@@ -373,7 +373,7 @@ class Session:
         the ASR heard words in (a partial transcript) cancels it. Coughs, claps and noise
         give no words (or too short a burst) and leave the reply alone; so does a
         backchannel ("yeah", "mm-hm"; :mod:`pipeline.session.barge_in`)."""
-        if self.turn_state.interrupting:
+        if self.turn_state.interrupting or self.runner.over_reply():
             speech_ms = (self._tracker.pos - self._speech_start) * 1000 / RATE
             # its voiced part: a partial comes late (ASR every ~second), and the silence after
             # a "yeah" must not make it too long to be a backchannel

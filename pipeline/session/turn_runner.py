@@ -321,6 +321,13 @@ class TurnRunner:
 
     # ---- admission (see pipeline/session/gate.py) --------------------------------------
 
+    def over_reply(self) -> bool:
+        """The speech in progress began over a reply (being sent, or all sent and still played
+        by the client) and no partial transcript has decided it yet: it stays a barge-in
+        candidate after that reply's audio is all sent (``response.done``), which ends
+        :attr:`TurnState.interrupting`."""
+        return self.asr is not None and self.barge.spoken_over(self.asr)
+
     def queued_replies(self) -> int:
         """This session's replies (the current one, a speculation's) whose LLM request
         still waits in the LLM's queue: a new turn's reply replaces them."""
