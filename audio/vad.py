@@ -69,7 +69,9 @@ class VadStream:
     """Per-session VAD state: feed 16 kHz float32 samples, get one probability per 32 ms.
 
     Quiet windows after half a second of non-speech skip the model (probability 0; see
-    :mod:`audio.vad_gate`): a silent session costs almost nothing."""
+    :mod:`audio.vad_gate`): a silent session costs almost nothing. After half a second or more
+    of skipped windows the model starts again from a fresh state
+    (:data:`~audio.vad_gate.FRESH_AFTER`)."""
 
     def __init__(self, model: SileroVad) -> None:
         self._model = model
@@ -104,13 +106,15 @@ class VadStream:
             while j < k and self._gate.needs_model(levels[j]):
                 j += 1
             if j > i:
+                if self._gate.fresh:  # after a skipped run: the model's state is stale (vad_gate.FRESH_AFTER)
+                    self._h, self._c = np.zeros_like(self._h), np.zeros_like(self._c)
                 if framed is None:
                     ctx = np.concatenate([context[None, :], wins[:-1, -CONTEXT:]], axis=0)
                     framed = np.concatenate([ctx, wins], axis=1)
                 probs[i:j], self._h, self._c = self._model.step(framed[i:j], self._h, self._c)
                 for n in range(i, j):
                     self._gate.observe(levels[n], float(probs[n]), skipped=False)
-            else:  # a quiet window: probability 0, the LSTM state stays as it was
+            else:  # a quiet window: probability 0, the LSTM state untouched (until FRESH_AFTER of them)
                 self._gate.observe(levels[i], 0.0, skipped=True)
                 j = i + 1
             i = j

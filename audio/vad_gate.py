@@ -31,6 +31,13 @@ NON_SPEECH_PROB = 0.2
 tracker's ``neg_threshold``, 0.35)."""
 FLOOR_DOWN, FLOOR_UP = 0.3, 0.02
 """Smoothing weights of the floor towards a quieter / a louder non-speech window."""
+FRESH_AFTER = IDLE_WINDOWS
+"""Consecutive skipped windows (0.5 s) after which the model starts again from a fresh state
+(:attr:`LevelGate.fresh`), as Silero's ``reset_states`` does for a new stream. The LSTM state
+otherwise still holds the audio before the skipped run (often the end of the last speech),
+and the onset of a quieter voice then scores far lower: a voice at -38 dBFS through a
+client's echo canceller, after 4 s of skipped windows, scored 0.1-0.2 for 2 s and was never
+speech; from a fresh state, 0.5-0.9."""
 
 
 def window_dbfs(windows: np.ndarray) -> np.ndarray:
@@ -58,6 +65,13 @@ class LevelGate:
         self._quiet = 0  # consecutive non-speech windows
         self.skipped = 0
         """Windows skipped so far (for tests and stats)."""
+        self._skipped_run = 0  # consecutive skipped windows
+
+    @property
+    def fresh(self) -> bool:
+        """The model's next window should start from a fresh state: the last
+        :data:`FRESH_AFTER` windows or more were skipped."""
+        return self._skipped_run >= FRESH_AFTER
 
     def needs_model(self, db: float) -> bool:
         """Whether a window at level ``db`` (dBFS) must go to Silero."""
@@ -69,6 +83,7 @@ class LevelGate:
 
     def observe(self, db: float, prob: float, *, skipped: bool) -> None:
         """Account a window at level ``db`` with speech probability ``prob``."""
+        self._skipped_run = self._skipped_run + 1 if skipped else 0
         if skipped:
             self.skipped += 1
         if prob >= NON_SPEECH_PROB:

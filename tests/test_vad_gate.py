@@ -80,3 +80,27 @@ def test_silent_and_quiet_streams_skip_almost_every_window(vads):
         probs, skipped = _probs(vads[0], x)
         assert len(probs) - skipped <= IDLE_WINDOWS + 2
         assert probs.max() < 0.5
+
+
+def _at(x: np.ndarray, dbfs: float) -> np.ndarray:
+    return (x * 10 ** ((dbfs - float(window_dbfs(x[None, :])[0])) / 20)).astype(np.float32)
+
+
+def test_a_quieter_voice_after_a_skipped_stretch_is_speech_as_in_a_fresh_stream(vads, audio_dir):
+    """Speech, 4 s the gate skips (a client's echo canceller sending near-silence while a
+    reply plays), then a voice 15 dB quieter (-40 dBFS): its windows are speech as often as
+    in a stream of its own. With the LSTM state kept over the skipped run (the state of the
+    first speech's end), 40 % of them were lost (FRESH_AFTER)."""
+    def clip(name: str) -> np.ndarray:
+        x, sr = read_mono(audio_dir / name)
+        return resample(x, sr, 16000)
+
+    rng = np.random.default_rng(0)
+    near_silence = (rng.standard_normal(16000 * 4) * 10 ** (-95 / 20)).astype(np.float32)
+    first, voice = _at(clip("en_librispeech_3752-4944-0000.wav"), -25), _at(clip("en_jfk_inaugural_1961.wav"), -40)
+    after, skipped = _probs(vads[0], np.concatenate([first, near_silence, voice]))
+    assert skipped >= 3 * 16000 // WINDOW  # the quiet stretch went by the model
+    alone, _ = _probs(vads[0], np.concatenate([near_silence, voice]))
+    tail, ref = after[-(len(voice) // WINDOW):] > 0.5, alone[-(len(voice) // WINDOW):] > 0.5
+    assert ref.sum() > 100
+    assert tail.sum() >= 0.95 * ref.sum(), (tail.sum(), ref.sum())
