@@ -25,7 +25,8 @@ runs ``--headphones-runs`` with ``--echo off`` and no leak at all; ``--controls`
 with ``--echo MODE`` and no leak (the echo control's own cost, without the room's echo).
 The rows take turns, run by run (:func:`run_plan`).
 
-Prints one row per level: runs, sums, the barge-ins that worked, the v2v p50 (and max).
+Prints one row per level: runs, sums, the barge-ins that worked, the v2v p50 (and max), and
+the v2v and the client path (heard minus server's v2v) over headphones, paired by clip.
 """
 
 from __future__ import annotations
@@ -328,23 +329,42 @@ def over_headphones(rs: list[Run], runs: list[Run]) -> list[float]:
     return [r.v2v_ms - statistics.median(phones[r.clip]) for r in rs if r.v2v_ms is not None and r.clip in phones]
 
 
+def client_over_headphones(rs: list[Run], runs: list[Run]) -> list[float]:
+    """The same pairing as :func:`over_headphones` on each run's *client path*: its heard v2v
+    minus the server's own (the microphone, the client's processing, the network and the
+    speaker, without the server's run-to-run timing), minus the headphones runs' median of
+    the same on that clip (ms). The heard v2v starts at the clip's speech end and the
+    server's at its VAD's, so the path differs by clip, not by row."""
+    def path(r: Run) -> float | None:
+        return None if r.v2v_ms is None or r.server_v2v_ms is None else r.v2v_ms - r.server_v2v_ms
+
+    phones: dict[str, list[float]] = {}
+    for r in runs:
+        if is_headphones(r) and (d := path(r)) is not None:
+            phones.setdefault(r.clip, []).append(d)
+    return [d - statistics.median(phones[r.clip]) for r in rs if (d := path(r)) is not None and r.clip in phones]
+
+
 def _p50_max(xs: list[float]) -> str:
     return f"{statistics.median(xs):.0f} ({max(xs):.0f})" if xs else "-"
 
 
 def format_table(runs: list[Run]) -> str:
     """One row per (leak, echo mode): sums over its runs, the v2v p50 (max) as heard and as
-    the server measured it, the p50 of :func:`over_headphones` (with how many runs had a
-    headphones run of their clip), and the barge-ins: cut / tried (questions asked)."""
+    the server measured it, the p50 of :func:`over_headphones` and of
+    :func:`client_over_headphones` (with how many runs had a headphones run of their clip),
+    and the barge-ins: cut / tried (questions asked)."""
     head = ["leak dB", "echo", "runs", "heard", "self-cut replies", "self-answered turns", "leaked words",
             "barge-in cut (questions)", "first-reply v2v p50 (max) ms", "server's v2v p50 (max) ms",
-            "v2v − headphones, same clip, p50 ms (n)", "errors"]
+            "v2v − headphones, same clip, p50 ms (n)", "client path − headphones', same clip, p50 ms (n)",
+            "errors"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     keys = list(dict.fromkeys((r.leak_db, r.echo) for r in runs))
     for leak_db, echo in keys:
         rs = [r for r in runs if (r.leak_db, r.echo) == (leak_db, echo)]
         tried = [r for r in rs if r.barge_in is not None]
         over = [] if is_headphones(rs[0]) else over_headphones(rs, runs)
+        path = [] if is_headphones(rs[0]) else client_over_headphones(rs, runs)
         label = "none (headphones)" if is_headphones(rs[0]) else "none" if leak_db is None else f"{leak_db:g}"
         lines.append("| " + " | ".join([
             label, echo, str(len(rs)),
@@ -354,6 +374,7 @@ def format_table(runs: list[Run]) -> str:
             _p50_max([r.v2v_ms for r in rs if r.v2v_ms is not None]),
             _p50_max([r.server_v2v_ms for r in rs if r.server_v2v_ms is not None]),
             f"{statistics.median(over):+.0f} ({len(over)})" if over else "-",
+            f"{statistics.median(path):+.0f} ({len(path)})" if path else "-",
             str(sum(bool(r.error) for r in rs))]) + " |")
     return "\n".join(lines)
 

@@ -71,9 +71,10 @@ def test_the_table_sums_each_level_and_the_options_parse():
             Run(None, "off", "a", heard=True, barge_in=True, barge_tries=1, v2v_ms=850, server_v2v_ms=680)]
     table = format_table(runs).splitlines()
     # clip b has no headphones run: only a's +50 is paired; c found no reply to talk over
-    assert table[2] == "| 0 | auto | 3 | 3 | 1 | 0 | 2 | 1/2 (6) | 1000 (1100) | 700 (700) | +50 (1) | 1 |"
-    assert table[3] == "| none | auto | 1 | 1 | 0 | 0 | 0 | 1/1 (1) | 870 (870) | 690 (690) | +20 (1) | 0 |"
-    assert table[4] == "| none (headphones) | off | 1 | 1 | 0 | 0 | 0 | 1/1 (1) | 850 (850) | 680 (680) | - | 0 |"
+    # the client path (heard - server's v2v): a's 200 and 180 against the headphones' 170
+    assert table[2] == "| 0 | auto | 3 | 3 | 1 | 0 | 2 | 1/2 (6) | 1000 (1100) | 700 (700) | +50 (1) | +30 (1) | 1 |"
+    assert table[3] == "| none | auto | 1 | 1 | 0 | 0 | 0 | 1/1 (1) | 870 (870) | 690 (690) | +20 (1) | +10 (1) | 0 |"
+    assert table[4] == "| none (headphones) | off | 1 | 1 | 0 | 0 | 0 | 1/1 (1) | 850 (850) | 680 (680) | - | - | 0 |"
     args = build_parser().parse_args(["bench", "echo", "--runs", "2", "--leak-db", "-20", "--controls"])
     assert (args.runs, args.leak_db, args.echo, args.controls) == (2, "-20", "auto", True)
 
