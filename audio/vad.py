@@ -20,6 +20,8 @@ WINDOW = 512
 """Samples per VAD window at 16 kHz (32 ms)."""
 CONTEXT = 64
 """Samples of the previous window prefixed to each window (Silero v5/v6 framing)."""
+QUIET_STATE_S = 1.0
+"""Seconds of digital silence that make :meth:`SileroVad.quiet_state`."""
 
 
 class SileroVad:
@@ -43,6 +45,18 @@ class SileroVad:
             str(path), providers=["CPUExecutionProvider"], sess_options=opts
         )
         self._lock = threading.Lock()
+        self._quiet_state: tuple[np.ndarray, np.ndarray] | None = None
+
+    def quiet_state(self) -> tuple[np.ndarray, np.ndarray]:
+        """The LSTM state (h, c; float32, shape (1, 1, 128) each) the model reaches from a
+        zero state over :data:`QUIET_STATE_S` of digital silence: where a stream whose quiet
+        windows the gate skipped would be had the model seen them (copies; computed once)."""
+        if self._quiet_state is None:
+            zeros = np.zeros((round(QUIET_STATE_S * 16000) // WINDOW, CONTEXT + WINDOW), dtype=np.float32)
+            state = np.zeros((1, 1, 128), dtype=np.float32)
+            _, h, c = self.step(zeros, state, state.copy())
+            self._quiet_state = (np.asarray(h, dtype=np.float32), np.asarray(c, dtype=np.float32))
+        return self._quiet_state[0].copy(), self._quiet_state[1].copy()
 
     def step(self, windows: np.ndarray, h: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Run consecutive windows of one stream.
@@ -69,9 +83,9 @@ class VadStream:
     """Per-session VAD state: feed 16 kHz float32 samples, get one probability per 32 ms.
 
     Quiet windows after half a second of non-speech skip the model (probability 0; see
-    :mod:`audio.vad_gate`): a silent session costs almost nothing. After half a second or more
-    of skipped windows the model starts again from a fresh state
-    (:data:`~audio.vad_gate.FRESH_AFTER`)."""
+    :mod:`audio.vad_gate`): a silent session costs almost nothing. After 2 s or more of
+    skipped windows the model goes on from the state of silence
+    (:data:`~audio.vad_gate.FRESH_AFTER`, :meth:`SileroVad.quiet_state`)."""
 
     def __init__(self, model: SileroVad) -> None:
         self._model = model
@@ -106,8 +120,8 @@ class VadStream:
             while j < k and self._gate.needs_model(levels[j]):
                 j += 1
             if j > i:
-                if self._gate.fresh:  # after a skipped run: the model's state is stale (vad_gate.FRESH_AFTER)
-                    self._h, self._c = np.zeros_like(self._h), np.zeros_like(self._c)
+                if self._gate.fresh:  # after a long skipped run: the state of silence (vad_gate.FRESH_AFTER)
+                    self._h, self._c = self._model.quiet_state()
                 if framed is None:
                     ctx = np.concatenate([context[None, :], wins[:-1, -CONTEXT:]], axis=0)
                     framed = np.concatenate([ctx, wins], axis=1)

@@ -31,13 +31,16 @@ NON_SPEECH_PROB = 0.2
 tracker's ``neg_threshold``, 0.35)."""
 FLOOR_DOWN, FLOOR_UP = 0.3, 0.02
 """Smoothing weights of the floor towards a quieter / a louder non-speech window."""
-FRESH_AFTER = IDLE_WINDOWS
-"""Consecutive skipped windows (0.5 s) after which the model starts again from a fresh state
-(:attr:`LevelGate.fresh`), as Silero's ``reset_states`` does for a new stream. The LSTM state
-otherwise still holds the audio before the skipped run (often the end of the last speech),
-and the onset of a quieter voice then scores far lower: a voice at -38 dBFS through a
-client's echo canceller, after 4 s of skipped windows, scored 0.1-0.2 for 2 s and was never
-speech; from a fresh state, 0.5-0.9."""
+FRESH_AFTER = 64
+"""Consecutive skipped windows (2 s) after which the model goes on from the state of silence
+(:attr:`LevelGate.fresh`; ``SileroVad.quiet_state``: the state it reaches over 1 s of digital
+silence), not from the state it had before them, often the end of the last speech. Under
+that stale state the onset of a quieter voice scores far lower: a voice at -38 dBFS through
+a client's echo canceller, after 4 s of skipped windows, scored 0.1-0.2 for 2 s and never
+became speech; from the state of silence, 0.7-0.9. A zero state is no cure: it scored the
+same voice 0.5-0.8 but JFK's "ask not" after his 1.75 s pause 0.1-0.4. Within 2 s (the
+session's merge window) the state is kept: the speaker going on after a pause is judged
+under the state of their own speech."""
 
 
 def window_dbfs(windows: np.ndarray) -> np.ndarray:
@@ -69,7 +72,7 @@ class LevelGate:
 
     @property
     def fresh(self) -> bool:
-        """The model's next window should start from a fresh state: the last
+        """The model's next window should go on from the state of silence: the last
         :data:`FRESH_AFTER` windows or more were skipped."""
         return self._skipped_run >= FRESH_AFTER
 

@@ -171,9 +171,10 @@ async def test_a_continued_turn_keeps_its_id():
     llm = FakeLlm([LlmReply.of("First half reply.", delay_s=30.0), LlmReply.of("Whole reply.")])
     seen = await run_session([Start(), Audio(tone(800)), Audio(silence(600)), WaitFor(ev.ResponseStarted),
                               Audio(tone(800)), Audio(silence(600)), WaitFor(ev.ResponseDone),
-                              Audio(silence(2500)), Audio(tone(800)), Audio(silence(600)),
+                              Audio(silence(2500), pace=1.0), Audio(tone(800)), Audio(silence(600)),
                               WaitFor(ev.ResponseDone, count=2)],
                              engines=fake_engines(llm=llm), cfg=cfg(early_end_ms=0))
+    # (the pause in real time: the client has played the whole reply by then, by the wall clock)
     assert [c.reason for c in of(seen, ev.ResponseCancelled)] == ["continued"]
     assert [e.turn_id for e in of(seen, ev.SpeechStarted)] == [1, 1, 2]
     assert [e.turn_id for e in of(seen, ev.SpeechStopped)] == [1, 1, 2]

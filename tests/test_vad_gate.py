@@ -104,3 +104,17 @@ def test_a_quieter_voice_after_a_skipped_stretch_is_speech_as_in_a_fresh_stream(
     tail, ref = after[-(len(voice) // WINDOW):] > 0.5, alone[-(len(voice) // WINDOW):] > 0.5
     assert ref.sum() > 100
     assert tail.sum() >= 0.95 * ref.sum(), (tail.sum(), ref.sum())
+
+
+def test_speech_going_on_after_a_pause_keeps_its_speaker_s_state(vads, audio_dir):
+    """JFK's 1.05 s pause after "Americans" made 1.75 s of digital silence (the e2e test's
+    pause mid-thought): "ask not" after it is speech, under the state of his own speech. From
+    a zero state after the skipped windows it scored 0.1-0.4 and was lost."""
+    x, sr = read_mono(audio_dir / "en_jfk_inaugural_1961.wav")
+    x = resample(x, sr, 16000)
+    cut = int(2.7 * 16000)
+    x = np.concatenate([x[:cut], np.zeros(int(0.7 * 16000), np.float32), x[cut:]])
+    gated, skipped = _probs(vads[0], x)
+    assert skipped > 20  # the pause went by the model
+    ask = gated[int(4.3 * 16000) // WINDOW:int(5.0 * 16000) // WINDOW]  # 21 windows
+    assert (ask > 0.5).sum() >= 10, ask  # kept: 14 (without the gate: 3; from a zero state: 0)
