@@ -45,17 +45,16 @@ class SileroVad:
             str(path), providers=["CPUExecutionProvider"], sess_options=opts
         )
         self._lock = threading.Lock()
-        self._quiet_state: tuple[np.ndarray, np.ndarray] | None = None
+        zeros = np.zeros((round(QUIET_STATE_S * 16000) // WINDOW, CONTEXT + WINDOW), dtype=np.float32)
+        state = np.zeros((1, 1, 128), dtype=np.float32)
+        _, h, c = self.step(zeros, state, state.copy())  # here, where the model loads: not on a stream's thread
+        self._quiet_state = (np.asarray(h, dtype=np.float32), np.asarray(c, dtype=np.float32))
 
     def quiet_state(self) -> tuple[np.ndarray, np.ndarray]:
         """The LSTM state (h, c; float32, shape (1, 1, 128) each) the model reaches from a
         zero state over :data:`QUIET_STATE_S` of digital silence: where a stream whose quiet
-        windows the gate skipped would be had the model seen them (copies; computed once)."""
-        if self._quiet_state is None:
-            zeros = np.zeros((round(QUIET_STATE_S * 16000) // WINDOW, CONTEXT + WINDOW), dtype=np.float32)
-            state = np.zeros((1, 1, 128), dtype=np.float32)
-            _, h, c = self.step(zeros, state, state.copy())
-            self._quiet_state = (np.asarray(h, dtype=np.float32), np.asarray(c, dtype=np.float32))
+        windows the gate skipped would be had the model seen them (copies; computed when the
+        model loads)."""
         return self._quiet_state[0].copy(), self._quiet_state[1].copy()
 
     def step(self, windows: np.ndarray, h: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -106,9 +106,22 @@ latency and the echo's path back; its allowance for that path is ``ECHO_LAG_S``
 later is a new turn to the server, which answers a lone word of it ("Yep." for "...next
 step.", 1 run in 20 of ``voxpipe bench echo`` at 0 dB)."""
 
+START_S, START_GAP_S = 2.0, 1.0
+"""How long from a reply's start its echo can reach the server as the user going on with
+their turn (s): speech that begins within the server's merge window (``merge_window_ms``,
+2 s by default) of the user's last speech continues that turn, and a reply starts playing
+no sooner than that speech ended; so the echo of its first 2 s can be taken for the user's
+words and added to their turn, cutting the reply (``continued``). The server's echo rule
+(``pipeline/session/echo_guard.py``) catches it only when the ASR hears the reply's own
+words: it heard "That's what I mean." over "That's a nice way to end the story." (1 run in
+10 of ``voxpipe bench echo`` at 0 dB, the canceller converged on the reply before). A
+reply starts where the playback comes back after ``START_GAP_S`` (1 s) or more of silence
+(a new reply; or the same one after an underrun, which moves the echo's delay)."""
+
 VOICE_FRAMES = (3, 5)
-"""At a reply's end: 3 of the last 5 microphone frames ``barge_in_db`` over the echo the
-room makes (a person's syllable, not a stray frame) and the rest of that end is the user's:
+"""At a reply's start or end: 3 of the last 5 microphone frames ``barge_in_db`` over the
+echo the room makes (a person's syllable, not a stray frame) and the rest of that start or
+end is the user's:
 passed to its end, with the gaps between their words; a lone frame over it only opens
 :data:`HOLD_S`. An echo frame reaches that level only where the measured coupling (a 0.9
 quantile) is 6 dB short of the room's, one frame in many."""
@@ -293,9 +306,11 @@ class GuardedCanceller:
     Where the playback does not reach the microphone at all (headphones: :attr:`unheard`,
     :data:`UNHEARD_SHARE`), the microphone goes as it is, gate and canceller aside.
 
-    At the end of a reply (:meth:`reply_ends`: its last :data:`END_S` and the gate's window
-    after it, the echo's tail) the server cannot tell the reply's echo from a new turn, so a
-    converged canceller is not trusted alone there either: an output frame it left over
+    At the start of a reply (its first :data:`START_S` and the gate's window after them) the
+    server cannot tell the reply's echo from the user going on with their turn, and at its
+    end (:meth:`reply_ends`: its last :data:`END_S` and the gate's window after it, the
+    echo's tail) from a new turn, so a converged canceller is not trusted alone there
+    either: an output frame it left over
     :data:`QUIET_DBFS` passes only when the microphone heard it ``barge_in_db`` over the echo
     the room makes of the playback (its loudest block in the gate's window plus
     :meth:`coupling_db`, at most 0 dB), or within :data:`HOLD_S` after such a frame (the
@@ -323,10 +338,12 @@ class GuardedCanceller:
         """Frames sent as the microphone heard them (a voice over a faint echo)."""
         self._raw_left = 0  # samples still sent raw (the hold)
         self.residual_frames = 0
-        """Frames of a converged canceller's output sent as silence at a reply's end."""
+        """Frames of a converged canceller's output sent as silence at a reply's start or end."""
         self._voice_left = 0  # samples of the canceller's output still passed (the user's hold)
         self._over_bar: collections.deque[bool] = collections.deque(maxlen=VOICE_FRAMES[1])
         self._ending = (0.0, -1.0)  # the reply's end (reply_ends): from, until (the gate's clock, s)
+        self._starting = (0.0, -1.0)  # the reply's start: from, until (the gate's clock, s)
+        self._last_loud = -START_GAP_S  # when the playback was last louder than SILENT_DBFS (s)
         self._unheard: collections.deque[bool] = collections.deque(maxlen=ERLE_FRAMES)
         self.unheard = False
         """Whether the playback does not reach the microphone at all (:data:`UNHEARD_SHARE`)."""
@@ -334,6 +351,13 @@ class GuardedCanceller:
     def far(self, block: np.ndarray) -> None:
         self.aec.far(block)
         self.gate.far(block)
+        if _dbfs(block) >= SILENT_DBFS:
+            now = self.gate.now()
+            if now - self._last_loud >= START_GAP_S:  # a reply starts: its first START_S are judged
+                self._starting = (now, now + START_S + self.gate.window_s)
+                self._voice_left = 0
+                self._over_bar.clear()
+            self._last_loud = now
 
     def reply_ends(self, left_s: float) -> None:
         """All of the reply has arrived, ``left_s`` of it still to play: its last
@@ -379,20 +403,24 @@ class GuardedCanceller:
             self._raw_left -= len(frame)
             self.raw_frames += 1
             return frame
-        if not self._ending[0] <= self.gate.now() < self._ending[1]:
+        now = self.gate.now()
+        window = next((w for w in (self._ending, self._starting) if w[0] <= now < w[1]), None)
+        if window is None:
             return clean
-        return self._residual_check(clean, mic_db, out_db, echo_db + min(0.0, coupling_db or 0.0))
+        return self._residual_check(clean, mic_db, out_db, echo_db + min(0.0, coupling_db or 0.0), window[1])
 
-    def _residual_check(self, clean: np.ndarray, mic_db: float, out_db: float, expected_db: float) -> np.ndarray:
-        """At a reply's end: ``clean`` as it is when the user's (the microphone
+    def _residual_check(self, clean: np.ndarray, mic_db: float, out_db: float, expected_db: float,
+                        until: float) -> np.ndarray:
+        """At a reply's start or end (judged until ``until``, the gate's clock):
+        ``clean`` as it is when the user's (the microphone
         ``barge_in_db`` over ``expected_db``, the echo the room makes, or within
-        :data:`HOLD_S` after such a frame, or to the end's end once :data:`VOICE_FRAMES`
+        :data:`HOLD_S` after such a frame, or until ``until`` once :data:`VOICE_FRAMES`
         say the user talks: the pauses between their words are theirs too) or when it holds
         nothing over :data:`QUIET_DBFS`; else silence (echo the canceller left)."""
         over = mic_db >= expected_db + self.gate.barge_in_db
         self._over_bar.append(over)
         if over and sum(self._over_bar) >= VOICE_FRAMES[0]:  # the user talks: theirs to the end
-            self._voice_left = max(round(HOLD_S * RATE), round((self._ending[1] - self.gate.now()) * RATE))
+            self._voice_left = max(round(HOLD_S * RATE), round((until - self.gate.now()) * RATE))
         elif over:
             self._voice_left = max(self._voice_left, round(HOLD_S * RATE))
         if self._voice_left > 0:

@@ -311,10 +311,12 @@ def test_webrtc_echo_canceller_removes_a_speech_echo(audio_dir):
     near = clip("en_librispeech_1995-1837-0001.wav", 16000)[: 16000 * 2]
     mic = echo.copy()
     mic[16000 * 5 : 16000 * 7] += near
-    aec = GuardedCanceller(WebRtcEchoCanceller(22050, delay_ms=40), HalfDuplexGate(0.04))
+    now = [0.0]  # the audio's clock (the voice is past the reply's start: clients.echo.START_S)
+    aec = GuardedCanceller(WebRtcEchoCanceller(22050, delay_ms=40), HalfDuplexGate(0.04, clock=lambda: now[0]))
     out = np.zeros(len(mic), np.float32)
     converged_at = None
     for i in range(0, min(len(mic) // 320, len(far22) // 441)):  # 20 ms blocks, in step
+        now[0] = i * 0.02
         aec.far((far22[i * 441 : (i + 1) * 441] * 32767).astype(np.int16))
         got = aec.near((mic[i * 320 : (i + 1) * 320] * 32767).astype(np.int16))
         out[i * 320 : (i + 1) * 320] = got / 32768
@@ -349,8 +351,16 @@ def _frame(dbfs: float) -> np.ndarray:
 
 
 def _guarded(reduction_db: float) -> GuardedCanceller:
-    guard = GuardedCanceller(_Canceller(reduction_db), HalfDuplexGate(0.0, clock=lambda: 0.0))  # type: ignore[arg-type]
-    guard.far(_frame(-12.0))  # the reply plays (the fixed clock keeps it in the gate's window)
+    """A guard over a reply that has played past its start (``START_S``, which has a check of
+    its own: ``tests/test_mic_echo_start.py``); its clock then stops, which keeps the reply's
+    last block in the gate's window: the reply plays on."""
+    from clients.echo import START_S
+
+    now = [0.0]
+    guard = GuardedCanceller(_Canceller(reduction_db), HalfDuplexGate(0.0, clock=lambda: now[0]))  # type: ignore[arg-type]
+    for i in range(round((START_S + 0.5) / 0.02)):
+        now[0] = i * 0.02
+        guard.far(_frame(-12.0))
     return guard
 
 
