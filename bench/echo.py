@@ -67,8 +67,10 @@ OVERLAP_S = 2.0
 to cut; one that ends later was missed. The voice's first word is 0.36 s into the file, and
 the server cancels on a partial transcript with words once the speech over the reply has
 lasted ``barge_in_min_ms`` (400 ms), seen 250 ms into it: about 1-1.5 s in all."""
-BARGE_TRIES = 3
-"""Questions asked at most for a reply long enough to talk over."""
+BARGE_TRIES = 5
+"""Questions asked at most for a reply long enough to talk over (the other questions in turn,
+never the run's first): with 3, one clip's three (3752-4944-0000's) all had replies too
+short, in 3 runs of 30 (``voxpipe bench echo`` at d0da8cd), which then had no verdict."""
 SETTLE_S = 2.0
 """Before another try: the client listening, with nothing new printed, this long."""
 
@@ -405,7 +407,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         for i, (db, echo) in enumerate(plan):
             with tempfile.TemporaryDirectory() as tmp:
-                others = [rows[(i + 3 + k) % len(rows)] for k in range(BARGE_TRIES)]
+                others = [rows[(i + k) % len(rows)] for k in range(3, 3 + len(rows)) if k % len(rows)][:BARGE_TRIES]
                 run = one_run(f"ws://127.0.0.1:{port}/ws", db, echo, rows[i % len(rows)], others, audio_dir, args,
                               rng, Path(tmp))
                 if args.keep:

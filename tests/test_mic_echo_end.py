@@ -49,6 +49,44 @@ def _clip(audio_dir, name: str, rate: int) -> np.ndarray:
     return soxr.resample(x if x.ndim == 1 else x.mean(1), r, rate).astype(np.float32)
 
 
+def _heard(far24: np.ndarray, jump: int, voice: np.ndarray | None = None, voice_at: int = 0) -> np.ndarray:
+    """What the microphone hears (16 kHz float) of ``far24`` played at 24 kHz at 0 dB:
+    :data:`DELAY_MS` late, and :data:`JUMP_MS` later again from sample ``jump`` (16 kHz) on;
+    plus ``voice`` (16 kHz) from sample ``voice_at``."""
+    import soxr
+
+    far16 = soxr.resample(far24, 24000, 16000).astype(np.float32)
+    d, dj = DELAY_MS * 16, JUMP_MS * 16
+    mic = np.zeros(len(far24) // 480 * 320, np.float32)
+    mic[d:jump] = far16[: jump - d]
+    mic[jump:] = far16[jump - d - dj : len(mic) - d - dj]
+    if voice is not None:
+        mic[voice_at : voice_at + len(voice)] += voice[: len(mic) - voice_at]
+    return mic
+
+
+def _play(far24: np.ndarray, mic: np.ndarray, *, ends_s: float | None = None):
+    """``far24`` played and ``mic`` heard through a guarded WebRTC AEC3, in 20 ms steps on
+    the audio's clock; ``ends_s``: the client says at the start that all of the reply has
+    arrived with that much to play. Returns the guard, the canceller's own output and the
+    guard's output (16 kHz float), and the guard's ``converged`` after each step."""
+    now = [0.0]
+    guard = GuardedCanceller(WebRtcEchoCanceller(24000, delay_ms=DELAY_MS),
+                             HalfDuplexGate(DELAY_MS / 1000, clock=lambda: now[0]))
+    raw: list[np.ndarray] = []
+    inner = guard.aec.near
+    guard.aec.near = lambda f: raw.append(inner(f)) or raw[-1]  # type: ignore[method-assign]
+    if ends_s is not None:
+        guard.reply_ends(ends_s)
+    out, converged = [], []
+    for i in range(len(mic) // 320):
+        now[0] = i * 0.02
+        guard.far((far24[i * 480 : (i + 1) * 480] * 32767).astype(np.int16))
+        out.append(guard.near((mic[i * 320 : (i + 1) * 320] * 32767).astype(np.int16)))
+        converged.append(guard.converged)
+    return guard, np.concatenate(raw) / 32768, np.concatenate(out) / 32768, converged
+
+
 def _run(audio_dir, *, ends: bool, voice: np.ndarray | None = None, voice_at_s: float = 0.0):
     """The reply (LJSpeech, 24 kHz) played and heard at 0 dB with the delay jump, in 20 ms
     steps with 1 s after it; ``ends``: the client says at the start that all of it has
@@ -59,32 +97,11 @@ def _run(audio_dir, *, ends: bool, voice: np.ndarray | None = None, voice_at_s: 
     far24 = np.zeros(steps * 480, np.float32)
     reply = _clip(audio_dir, "en_ljspeech_LJ001-0007.wav", 24000)[: round(REPLY_S * 24000)]
     far24[: len(reply)] = reply
-    import soxr
-
-    far16 = soxr.resample(far24, 24000, 16000).astype(np.float32)
-    d, jump, dj = DELAY_MS * 16, round((REPLY_S - JUMP_S) * 16000), JUMP_MS * 16
-    mic = np.zeros(steps * 320, np.float32)
-    mic[d:jump] = far16[: jump - d]
-    mic[jump:] = far16[jump - d - dj : len(mic) - d - dj]
-    if voice is not None:
-        at = round(voice_at_s * 16000)
-        mic[at : at + len(voice)] += voice[: len(mic) - at]
-    now = [0.0]
-    guard = GuardedCanceller(WebRtcEchoCanceller(24000, delay_ms=DELAY_MS),
-                             HalfDuplexGate(DELAY_MS / 1000, clock=lambda: now[0]))
-    raw: list[np.ndarray] = []
-    inner = guard.aec.near
-    guard.aec.near = lambda f: raw.append(inner(f)) or raw[-1]  # type: ignore[method-assign]
-    if ends:
-        guard.reply_ends(REPLY_S)
-    out, converged = [], []
-    for i in range(steps):
-        now[0] = i * 0.02
-        guard.far((far24[i * 480 : (i + 1) * 480] * 32767).astype(np.int16))
-        out.append(guard.near((mic[i * 320 : (i + 1) * 320] * 32767).astype(np.int16)))
-        converged.append(guard.converged)
+    jump = round((REPLY_S - JUMP_S) * 16000)
+    mic = _heard(far24, jump, voice, round(voice_at_s * 16000))
+    guard, raw, out, converged = _play(far24, mic, ends_s=REPLY_S if ends else None)
     assert converged[jump // 320 :] == [True] * (steps - jump // 320)  # trusted from before the jump on
-    return guard, np.concatenate(raw) / 32768, np.concatenate(out) / 32768, jump
+    return guard, raw, out, jump
 
 
 def _frames_db(x: np.ndarray) -> np.ndarray:

@@ -4,9 +4,9 @@ Speech that begins within the server's merge window of the user's last speech co
 their turn, so the echo of a reply's first seconds that a converged canceller lets through
 is added to the user's words and cuts the reply (``clients.echo.START_S``). Real speech
 through the real WebRTC AEC3 and its guard, the speaker heard at 0 dB: the canceller learns
-the room on a first reply; the echo's delay then moves by 60 ms (a busy machine's playback
-underran) before a second reply, whose start it leaks while its guard still counts it
-converged."""
+the room on a first reply; the echo's delay then grows by 60 ms (a busy machine's playback
+underran: ``tests.test_mic_echo_end.JUMP_MS``) before a second reply, whose start it leaks
+while its guard still counts it converged."""
 
 from __future__ import annotations
 
@@ -14,15 +14,13 @@ import numpy as np
 import pytest
 
 import clients.echo
-from clients.echo import QUIET_DBFS, START_GAP_S, START_S, GuardedCanceller, HalfDuplexGate, WebRtcEchoCanceller
-from tests.test_mic_echo_end import _clip, _frames_db
+from clients.echo import QUIET_DBFS, START_GAP_S, START_S, GuardedCanceller, HalfDuplexGate
+from tests.test_mic_echo_end import _clip, _frames_db, _heard, _play
 
 pytest.importorskip("livekit.rtc")
 
 FIRST_S, GAP_S, SECOND_S = 3.0, 2.0, 3.0
 """The first reply, the user's turn between (the speaker silent), the second reply (s)."""
-DELAY_MS, JUMP_MS = 100, 60
-"""The echo's delay on the first reply; how much longer it is on the second (ms)."""
 
 
 def _run(audio_dir, voice: np.ndarray | None = None, voice_at_s: float = 0.0):
@@ -30,38 +28,17 @@ def _run(audio_dir, voice: np.ndarray | None = None, voice_at_s: float = 0.0):
     after them; ``voice`` (16 kHz) added to the microphone from ``voice_at_s`` after the
     second reply's start. Returns the guard, the canceller's own output and the guard's
     output (16 kHz float), and where the second reply starts (a sample index at 16 kHz)."""
-    import soxr
-
-    total_s = FIRST_S + GAP_S + SECOND_S + 1.0
-    steps = round(total_s / 0.02)
+    steps = round((FIRST_S + GAP_S + SECOND_S + 1.0) / 0.02)
     far24 = np.zeros(steps * 480, np.float32)
     clip = _clip(audio_dir, "en_ljspeech_LJ001-0007.wav", 24000)
     a, b = round((FIRST_S + GAP_S) * 24000), round(SECOND_S * 24000)
     far24[: round(FIRST_S * 24000)] = clip[: round(FIRST_S * 24000)]
     far24[a : a + b] = clip[-b:]  # a different stretch of speech
-    far16 = soxr.resample(far24, 24000, 16000).astype(np.float32)
     second = round((FIRST_S + GAP_S) * 16000)
-    d, dj = DELAY_MS * 16, JUMP_MS * 16
-    mic = np.zeros(steps * 320, np.float32)
-    mic[d:second] = far16[: second - d]
-    mic[second:] = far16[second - d - dj : len(mic) - d - dj]
-    if voice is not None:
-        at = second + round(voice_at_s * 16000)
-        mic[at : at + len(voice)] += voice[: len(mic) - at]
-    now = [0.0]
-    guard = GuardedCanceller(WebRtcEchoCanceller(24000, delay_ms=DELAY_MS),
-                             HalfDuplexGate(DELAY_MS / 1000, clock=lambda: now[0]))
-    raw: list[np.ndarray] = []
-    inner = guard.aec.near
-    guard.aec.near = lambda f: raw.append(inner(f)) or raw[-1]  # type: ignore[method-assign]
-    out, converged = [], []
-    for i in range(steps):
-        now[0] = i * 0.02
-        guard.far((far24[i * 480 : (i + 1) * 480] * 32767).astype(np.int16))
-        out.append(guard.near((mic[i * 320 : (i + 1) * 320] * 32767).astype(np.int16)))
-        converged.append(guard.converged)
+    mic = _heard(far24, second, voice, second + round(voice_at_s * 16000))
+    guard, raw, out, converged = _play(far24, mic)
     assert converged[second // 320 :] == [True] * (steps - second // 320)  # trusted on the second reply
-    return guard, np.concatenate(raw) / 32768, np.concatenate(out) / 32768, second
+    return guard, raw, out, second
 
 
 def test_a_converged_canceller_leaks_at_a_replys_start_and_the_leak_is_not_sent(audio_dir, monkeypatch):
